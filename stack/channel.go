@@ -1,0 +1,360 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+)
+
+// Receiver gets what a channel delivers. Callbacks run on the stack's
+// delivery goroutines: Receive concurrently for different senders (and for
+// OOB messages), so it must be safe for concurrent use. A callback that
+// blocks holds up that sender's regular messages, nothing else.
+type Receiver interface {
+	Receive(m *Message)
+	ViewAccepted(v *View)
+}
+
+// BatchReceiver is implemented by receivers that take batches whole.
+type BatchReceiver interface {
+	ReceiveBatch(b *Batch)
+}
+
+// Blocker is implemented by receivers that want to know when a flush blocks
+// and unblocks the group's sends.
+type Blocker interface {
+	Block()
+	Unblock()
+}
+
+// StateHandler is implemented by receivers that provide and accept
+// application state (state transfer to joiners).
+type StateHandler interface {
+	GetState(w io.Writer) error
+	SetState(r io.Reader) error
+}
+
+// ReceiverFuncs adapts functions to Receiver; nil functions are skipped.
+type ReceiverFuncs struct {
+	OnReceive func(m *Message)
+	OnView    func(v *View)
+}
+
+// Receive calls OnReceive.
+func (f ReceiverFuncs) Receive(m *Message) {
+	if f.OnReceive != nil {
+		f.OnReceive(m)
+	}
+}
+
+// ViewAccepted calls OnView.
+func (f ReceiverFuncs) ViewAccepted(v *View) {
+	if f.OnView != nil {
+		f.OnView(v)
+	}
+}
+
+type chanState int
+
+const (
+	chOpen chanState = iota
+	chConnecting
+	chConnected
+	chClosed
+)
+
+// Channel is what an application embeds: a stack, a member address and a
+// receiver. Create it, Connect to a cluster, Send, and Close.
+type Channel struct {
+	st   *Stack
+	name string
+
+	mu        sync.Mutex
+	state     chanState
+	connected atomic.Bool
+	recv      atomic.Pointer[receiverBox]
+	view      atomic.Pointer[View]
+	everConn  bool
+}
+
+type receiverBox struct{ r Receiver }
+
+// Option configures a channel.
+type Option func(*Channel)
+
+// WithName sets the member's logical name (shown in views and logs).
+func WithName(name string) Option { return func(c *Channel) { c.name = name } }
+
+// WithLogger sets the logger of the channel's stack.
+func WithLogger(l *slog.Logger) Option { return func(c *Channel) { c.st.SetLogger(l) } }
+
+// WithReceiver sets the receiver before anything can be delivered.
+func WithReceiver(r Receiver) Option { return func(c *Channel) { c.SetReceiver(r) } }
+
+// NewChannel builds a channel on protos, bottom (transport) first.
+func NewChannel(protos []Protocol, opts ...Option) (*Channel, error) {
+	st, err := NewStack(protos...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Channel{st: st}
+	st.top.ch = c
+	for _, o := range opts {
+		o(c)
+	}
+	c.newAddress()
+	if err := st.Init(); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NewChannelFromConfig builds a channel from a parsed stack config.
+func NewChannelFromConfig(sc *StackConfig, opts ...Option) (*Channel, error) {
+	protos, err := sc.Build()
+	if err != nil {
+		return nil, err
+	}
+	return NewChannel(protos, opts...)
+}
+
+// NewChannelFromFile builds a channel from a TOML stack config file.
+func NewChannelFromFile(path string, opts ...Option) (*Channel, error) {
+	sc, err := LoadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	return NewChannelFromConfig(sc, opts...)
+}
+
+// NewChannelFromFS builds a channel from a config in fsys (for example an
+// embedded one).
+func NewChannelFromFS(fsys fs.FS, path string, opts ...Option) (*Channel, error) {
+	data, err := fs.ReadFile(fsys, path)
+	if err != nil {
+		return nil, &ConfigError{File: path, Reason: err.Error()}
+	}
+	sc, err := ParseConfig(path, data)
+	if err != nil {
+		return nil, err
+	}
+	return NewChannelFromConfig(sc, opts...)
+}
+
+func (c *Channel) newAddress() {
+	a := NewAddress()
+	if c.name != "" {
+		SetLogicalName(a, c.name)
+	}
+	c.st.SetLocalAddress(a)
+}
+
+// Stack returns the channel's stack (for finding and inserting layers).
+func (c *Channel) Stack() *Stack { return c.st }
+
+// Address returns the member's current address (new after each reconnect).
+func (c *Channel) Address() Address { return c.st.LocalAddress() }
+
+// Name returns the logical name given with WithName.
+func (c *Channel) Name() string { return c.name }
+
+// Cluster returns the cluster name of the current connection.
+func (c *Channel) Cluster() string { return c.st.Cluster() }
+
+// View returns the current view, or nil when not connected.
+func (c *Channel) View() *View { return c.view.Load() }
+
+// SetReceiver sets (or, with nil, removes) the receiver.
+func (c *Channel) SetReceiver(r Receiver) {
+	if r == nil {
+		c.recv.Store(nil)
+		return
+	}
+	c.recv.Store(&receiverBox{r})
+}
+
+func (c *Channel) receiver() Receiver {
+	if b := c.recv.Load(); b != nil {
+		return b.r
+	}
+	return nil
+}
+
+// Connect joins cluster: it starts the stack and returns once the member has
+// its first view (a view of itself alone if no membership protocol is in the
+// stack), or when ctx ends.
+func (c *Channel) Connect(ctx context.Context, cluster string) error {
+	if cluster == "" || len(cluster) > MaxClusterName {
+		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
+	}
+	c.mu.Lock()
+	switch c.state {
+	case chClosed:
+		c.mu.Unlock()
+		return ErrClosed
+	case chConnected, chConnecting:
+		c.mu.Unlock()
+		return fmt.Errorf("strata: already connected to %s", c.st.Cluster())
+	}
+	c.state = chConnecting
+	if c.everConn {
+		c.newAddress()
+	}
+	c.everConn = true
+	c.mu.Unlock()
+
+	c.st.SetCluster(cluster)
+	err := c.st.Start()
+	if err == nil {
+		_, err = c.st.DownEvent(ctx, Ev(EvConnect, cluster))
+	}
+	if err == nil && c.view.Load() == nil {
+		self := c.Address()
+		err = c.st.InstallView(ctx, NewView(self, 1, self))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.st.Stop()
+		c.view.Store(nil)
+		c.state = chOpen
+		return fmt.Errorf("strata: connect to %s: %w", cluster, err)
+	}
+	c.state = chConnected
+	c.connected.Store(true)
+	return nil
+}
+
+// Send sends m down the stack: to m.Dest, or to the whole group if Dest is
+// zero. It blocks as long as the stack makes it wait (flow control, flush)
+// and returns ctx's error if ctx ends first. m must not be changed after.
+func (c *Channel) Send(ctx context.Context, m *Message) error {
+	if !c.connected.Load() {
+		if c.isClosed() {
+			return ErrClosed
+		}
+		return ErrNotConnected
+	}
+	if m.Src.IsZero() {
+		m.Src = c.Address()
+	}
+	return c.st.Down(ctx, m)
+}
+
+// SendTo sends payload to dest (zero: the group).
+func (c *Channel) SendTo(ctx context.Context, dest Address, payload []byte) error {
+	return c.Send(ctx, NewMessage(dest, payload))
+}
+
+func (c *Channel) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state == chClosed
+}
+
+// Disconnect leaves the cluster gracefully and stops the stack; the channel
+// can Connect again (with a new address).
+func (c *Channel) Disconnect(ctx context.Context) error {
+	c.mu.Lock()
+	if c.state != chConnected {
+		c.mu.Unlock()
+		return nil
+	}
+	c.state = chOpen
+	c.mu.Unlock()
+	_, err := c.st.DownEvent(ctx, Ev(EvDisconnect, nil))
+	c.connected.Store(false)
+	c.st.Stop()
+	c.view.Store(nil)
+	return err
+}
+
+// Close disconnects if needed and releases the stack. It returns when every
+// goroutine of the stack has exited (receiver callbacks included).
+func (c *Channel) Close() error {
+	err := c.Disconnect(context.Background())
+	c.mu.Lock()
+	if c.state == chClosed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.state = chClosed
+	c.mu.Unlock()
+	return errors.Join(err, c.st.Close())
+}
+
+// Stats returns every protocol's counters, bottom first.
+func (c *Channel) Stats() []ProtocolStats { return c.st.Stats() }
+
+func (c *Channel) receive(m *Message) {
+	if r := c.receiver(); r != nil {
+		r.Receive(m)
+	}
+}
+
+func (c *Channel) receiveBatch(bt *Batch) {
+	r := c.receiver()
+	if r == nil {
+		return
+	}
+	if br, ok := r.(BatchReceiver); ok {
+		br.ReceiveBatch(bt)
+		return
+	}
+	for _, m := range bt.Msgs {
+		r.Receive(m)
+	}
+}
+
+func (c *Channel) upEvent(ev Event) (any, error) {
+	r := c.receiver()
+	switch ev.Type {
+	case EvViewChange:
+		v, ok := ev.Arg.(*View)
+		if !ok {
+			return nil, fmt.Errorf("strata: VIEW_CHANGE with %T", ev.Arg)
+		}
+		c.view.Store(v)
+		if r != nil {
+			r.ViewAccepted(v)
+		}
+	case EvBlock:
+		if b, ok := r.(Blocker); ok {
+			b.Block()
+		}
+	case EvUnblock:
+		if b, ok := r.(Blocker); ok {
+			b.Unblock()
+		}
+	}
+	return nil, nil
+}
+
+// ViewInstaller is implemented by the membership protocol; InstallView
+// uses it, so injected views go through the same path as real ones.
+type ViewInstaller interface {
+	InstallView(ctx context.Context, v *View) error
+}
+
+// InstallView installs v on this member: through the membership protocol if
+// the stack has one, otherwise by passing VIEW_CHANGE down from the top (every
+// layer sees it) and then to the channel. Tests use it to inject views, as
+// JGroups tests do.
+func (s *Stack) InstallView(ctx context.Context, v *View) error {
+	for _, p := range s.Protocols() {
+		if vi, ok := p.(ViewInstaller); ok {
+			return vi.InstallView(ctx, v)
+		}
+	}
+	if _, err := s.DownEvent(ctx, Ev(EvViewChange, v)); err != nil {
+		return err
+	}
+	_, err := s.top.UpEvent(Ev(EvViewChange, v))
+	return err
+}

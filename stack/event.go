@@ -1,0 +1,90 @@
+package stack
+
+import "fmt"
+
+// EventType names a control event. Core events are below UserEvent;
+// protocols that define events of their own number them from UserEvent up
+// (and say so in ids.go comments of their package).
+type EventType int
+
+// Core control events. Arg types are listed with each.
+const (
+	// EvConnect (down): join the cluster. Arg: cluster name (string).
+	// Returns when the member has its first view, or an error.
+	EvConnect EventType = iota + 1
+	// EvDisconnect (down): leave the cluster gracefully.
+	EvDisconnect
+	// EvViewChange (down and up): a new view is installed. Arg: *View.
+	EvViewChange
+	// EvSuspect (up): members are suspected. Arg: []Address.
+	EvSuspect
+	// EvUnsuspect (up): a suspected member is alive again. Arg: Address.
+	EvUnsuspect
+	// EvBlock (up): the group is about to flush; the application should stop
+	// sending until EvUnblock.
+	EvBlock
+	// EvUnblock (up): the flush ended; sends are allowed again.
+	EvUnblock
+	// EvGetDigest (down): query the reliable-multicast digest. Returns the
+	// digest type of the reliable-multicast protocol.
+	EvGetDigest
+	// EvSetDigest (down): set the digest (joiners, flush). Arg: that type.
+	EvSetDigest
+	// EvFindMembers (down): ask discovery for the current members.
+	EvFindMembers
+	// EvGetPhysicalAddress (down): query the transport. Arg: Address.
+	EvGetPhysicalAddress
+	// EvAddPhysicalAddress (down): discovery teaches the transport a
+	// mapping. Arg: protocol-specific.
+	EvAddPhysicalAddress
+	// EvWhoHas (up): the transport needs the physical address of a member.
+	// Arg: Address.
+	EvWhoHas
+	// EvStartFlush (down): start a flush round. Returns an error or nil.
+	EvStartFlush
+	// EvStopFlush (down): stop the flush round; returns when every
+	// participant has unblocked.
+	EvStopFlush
+	// EvGetState (down): fetch the state from a member. Arg: protocol-specific.
+	EvGetState
+	// EvGetLocalAddress (down): query the local address.
+	EvGetLocalAddress
+	// EvConfig (up and down): a map of settings a protocol advertises.
+	EvConfig
+
+	// UserEvent is the first number free for protocol-defined events.
+	UserEvent EventType = 1000
+)
+
+var eventNames = map[EventType]string{
+	EvConnect: "CONNECT", EvDisconnect: "DISCONNECT", EvViewChange: "VIEW_CHANGE",
+	EvSuspect: "SUSPECT", EvUnsuspect: "UNSUSPECT", EvBlock: "BLOCK", EvUnblock: "UNBLOCK",
+	EvGetDigest: "GET_DIGEST", EvSetDigest: "SET_DIGEST", EvFindMembers: "FIND_MBRS",
+	EvGetPhysicalAddress: "GET_PHYSICAL_ADDRESS", EvAddPhysicalAddress: "ADD_PHYSICAL_ADDRESS",
+	EvWhoHas: "WHO_HAS", EvStartFlush: "START_FLUSH", EvStopFlush: "STOP_FLUSH",
+	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG",
+}
+
+func (t EventType) String() string {
+	if n, ok := eventNames[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("EVENT(%d)", int(t))
+}
+
+// Event is a control event: a type and an argument whose type the event
+// type documents.
+type Event struct {
+	Type EventType
+	Arg  any
+}
+
+// Ev builds an event.
+func Ev(t EventType, arg any) Event { return Event{Type: t, Arg: arg} }
+
+func (e Event) String() string {
+	if e.Arg == nil {
+		return e.Type.String()
+	}
+	return fmt.Sprintf("%s(%v)", e.Type, e.Arg)
+}

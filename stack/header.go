@@ -1,0 +1,108 @@
+package stack
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Header is the per-message data one protocol adds: at most one header per
+// protocol id. Headers are immutable once put on a message, so copies of a
+// message share them.
+type Header interface {
+	// Size returns the exact encoded length of the header body.
+	Size() int
+	// AppendTo appends the encoded header body to b.
+	AppendTo(b []byte) []byte
+}
+
+// HeaderDecoder decodes a header body. The reader holds exactly the body;
+// decoders read from it and return r.Err() or a wrapped ErrMalformed.
+type HeaderDecoder func(r *Reader) (Header, error)
+
+// HeaderType describes a protocol's header to RegisterHeader.
+type HeaderType struct {
+	ID     uint16 // the protocol's id from ids.go
+	Name   string // the protocol's name, for logs and errors
+	Decode HeaderDecoder
+	// Samples returns headers covering every variant of the type, for the
+	// test that checks each header's Size against its encoding and for the
+	// decoders' fuzz seeds.
+	Samples func() []Header
+}
+
+var (
+	headerMu       sync.RWMutex
+	headerDecoders = map[uint16]headerType{}
+)
+
+type headerType struct {
+	name    string
+	decode  HeaderDecoder
+	samples func() []Header
+}
+
+// RegisterHeader registers the decoder of a protocol's header. It is meant
+// for init functions; a zero id, a nil decoder or a second registration of
+// the same id panics.
+func RegisterHeader(t HeaderType) {
+	headerMu.Lock()
+	defer headerMu.Unlock()
+	if t.ID == 0 {
+		panic("stack: RegisterHeader with id 0")
+	}
+	if t.Decode == nil || t.Samples == nil {
+		panic("stack: RegisterHeader " + t.Name + " needs Decode and Samples")
+	}
+	if old, dup := headerDecoders[t.ID]; dup {
+		panic(fmt.Sprintf("stack: header id %d registered twice (%s and %s)", t.ID, old.name, t.Name))
+	}
+	headerDecoders[t.ID] = headerType{name: t.Name, decode: t.Decode, samples: t.Samples}
+}
+
+// HeaderSamples returns the sample headers of protocol id.
+func HeaderSamples(id uint16) []Header {
+	h, ok := lookupHeader(id)
+	if !ok {
+		return nil
+	}
+	return h.samples()
+}
+
+func lookupHeader(id uint16) (headerType, bool) {
+	headerMu.RLock()
+	h, ok := headerDecoders[id]
+	headerMu.RUnlock()
+	return h, ok
+}
+
+// HeaderIDs returns the ids of every registered header, for tests that check
+// each header's Size against its encoding.
+func HeaderIDs() map[uint16]string {
+	headerMu.RLock()
+	defer headerMu.RUnlock()
+	out := make(map[uint16]string, len(headerDecoders))
+	for id, h := range headerDecoders {
+		out[id] = h.name
+	}
+	return out
+}
+
+// DecodeHeader decodes one header body of protocol id, for tests and tools.
+func DecodeHeader(id uint16, body []byte) (Header, error) {
+	h, ok := lookupHeader(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown header id %d", ErrMalformed, id)
+	}
+	r := NewReader(body)
+	hdr, err := h.decode(r)
+	if err == nil {
+		err = r.Err()
+	}
+	if err == nil && r.Len() != 0 {
+		err = fmt.Errorf("%w: header %s: %d trailing bytes", ErrMalformed, h.name, r.Len())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return hdr, nil
+}

@@ -1,0 +1,351 @@
+package stack
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+)
+
+// Flags are per-message options that travel on the wire.
+type Flags uint16
+
+// Message flags.
+const (
+	// OOB messages are delivered as soon as they arrive, concurrently and in
+	// no order; reliable protocols still retransmit and de-duplicate them.
+	OOB Flags = 1 << iota
+	// Internal marks protocol control traffic: delivered on the internal lane
+	// and never held back by a blocking layer on the way down.
+	Internal
+	// DontBundle asks the transport to send the message at once, not behind
+	// a bundle.
+	DontBundle
+	// NoFC makes flow-control layers let the message pass without credits.
+	NoFC
+	// NoReliability makes reliable layers pass the message untouched (no
+	// seqno, no retransmission).
+	NoReliability
+	// RSVP asks for the message to be acknowledged by its receivers.
+	RSVP
+
+	flagsMask = OOB | Internal | DontBundle | NoFC | NoReliability | RSVP
+)
+
+var flagNames = []string{"OOB", "INTERNAL", "DONT_BUNDLE", "NO_FC", "NO_RELIABILITY", "RSVP"}
+
+// String lists the set flags, e.g. "OOB|INTERNAL".
+func (f Flags) String() string { return bitNames(uint32(f), flagNames) }
+
+// TransientFlags are per-message marks that stay in this process: they are
+// never encoded and never copied.
+type TransientFlags uint32
+
+// Transient flags.
+const (
+	// DontLoopback: a multicast is sent to the others but not delivered to
+	// the sender itself.
+	DontLoopback TransientFlags = 1 << iota
+	// OOBDelivered is set (atomically) by the layer that passed an OOB
+	// message up, so it is delivered exactly once.
+	OOBDelivered
+	// DontBlock makes a full transport queue drop the message (and count it)
+	// instead of blocking the sender.
+	DontBlock
+)
+
+var transientNames = []string{"DONT_LOOPBACK", "OOB_DELIVERED", "DONT_BLOCK"}
+
+// String lists the set transient flags.
+func (f TransientFlags) String() string { return bitNames(uint32(f), transientNames) }
+
+func bitNames(v uint32, names []string) string {
+	if v == 0 {
+		return "0"
+	}
+	var parts []string
+	for i, n := range names {
+		if v&(1<<i) != 0 {
+			parts = append(parts, n)
+			v &^= 1 << i
+		}
+	}
+	if v != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", v))
+	}
+	return strings.Join(parts, "|")
+}
+
+// Lane is the delivery path a received message takes.
+type Lane uint8
+
+// The three lanes.
+const (
+	// LaneRegular delivers per-sender FIFO, one goroutine per sender at a
+	// time, different senders in parallel.
+	LaneRegular Lane = iota
+	// LaneOOB delivers as messages come, concurrently.
+	LaneOOB
+	// LaneInternal carries protocol control traffic on its own workers.
+	LaneInternal
+	numLanes
+)
+
+var laneNames = [...]string{"regular", "oob", "internal"}
+
+func (l Lane) String() string {
+	if int(l) < len(laneNames) {
+		return laneNames[l]
+	}
+	return fmt.Sprintf("lane(%d)", l)
+}
+
+// inlineHeaders is how many headers a message holds without allocating;
+// more spill into a slice.
+const inlineHeaders = 6
+
+type hdrEntry struct {
+	id  uint16
+	hdr Header
+}
+
+// Message is the unit that travels through a stack. Dest zero means the whole
+// group. Payload and headers are shared by copies, so neither may be modified
+// after the message is sent; use DeepCopy for a private payload.
+//
+// A Message must not be copied by value (it holds an atomic); use Copy.
+type Message struct {
+	Dest    Address
+	Src     Address
+	Flags   Flags
+	Payload []byte
+
+	transient atomic.Uint32
+	nh        uint8
+	hdrs      [inlineHeaders]hdrEntry
+	more      []hdrEntry
+}
+
+// NewMessage returns a message to dest (zero: the group) with payload.
+func NewMessage(dest Address, payload []byte) *Message {
+	return &Message{Dest: dest, Payload: payload}
+}
+
+// IsMulticast reports whether the message goes to the whole group.
+func (m *Message) IsMulticast() bool { return m.Dest.IsZero() }
+
+// Has reports whether all of f are set.
+func (m *Message) Has(f Flags) bool { return m.Flags&f == f }
+
+// Set sets f and returns m, for chaining.
+func (m *Message) Set(f Flags) *Message { m.Flags |= f; return m }
+
+// Clear clears f and returns m.
+func (m *Message) Clear(f Flags) *Message { m.Flags &^= f; return m }
+
+// Lane returns the lane the message is delivered on: internal, OOB or
+// regular, in that order of precedence.
+func (m *Message) Lane() Lane {
+	switch {
+	case m.Flags&Internal != 0:
+		return LaneInternal
+	case m.Flags&OOB != 0:
+		return LaneOOB
+	}
+	return LaneRegular
+}
+
+// Transient returns the transient flags.
+func (m *Message) Transient() TransientFlags { return TransientFlags(m.transient.Load()) }
+
+// HasTransient reports whether all of f are set.
+func (m *Message) HasTransient(f TransientFlags) bool { return m.Transient()&f == f }
+
+// SetTransient sets f and returns m.
+func (m *Message) SetTransient(f TransientFlags) *Message {
+	m.transient.Or(uint32(f))
+	return m
+}
+
+// SetTransientIfAbsent sets f and reports whether this call set it (false if
+// it was already set): the compare-and-set that makes OOB delivery exactly
+// once.
+func (m *Message) SetTransientIfAbsent(f TransientFlags) bool {
+	old := m.transient.Or(uint32(f))
+	return TransientFlags(old)&f == 0
+}
+
+// Header returns the header of protocol id, or nil.
+func (m *Message) Header(id uint16) Header {
+	n := int(m.nh)
+	for i := 0; i < n && i < inlineHeaders; i++ {
+		if m.hdrs[i].id == id {
+			return m.hdrs[i].hdr
+		}
+	}
+	for _, e := range m.more {
+		if e.id == id {
+			return e.hdr
+		}
+	}
+	return nil
+}
+
+// PutHeader sets the header of protocol id, replacing an existing one, and
+// returns m.
+func (m *Message) PutHeader(id uint16, h Header) *Message {
+	if h == nil {
+		panic("stack: PutHeader with nil header")
+	}
+	n := int(m.nh)
+	for i := 0; i < n && i < inlineHeaders; i++ {
+		if m.hdrs[i].id == id {
+			m.hdrs[i].hdr = h
+			return m
+		}
+	}
+	for i := range m.more {
+		if m.more[i].id == id {
+			m.more[i].hdr = h
+			return m
+		}
+	}
+	if n < inlineHeaders {
+		m.hdrs[n] = hdrEntry{id, h}
+	} else {
+		m.more = append(m.more, hdrEntry{id, h})
+	}
+	m.nh++
+	return m
+}
+
+// RemoveHeader removes the header of protocol id and returns it (nil if
+// there was none).
+func (m *Message) RemoveHeader(id uint16) Header {
+	all := m.headerSlice(nil)
+	for i, e := range all {
+		if e.id == id {
+			all = append(all[:i], all[i+1:]...)
+			m.setHeaders(all)
+			return e.hdr
+		}
+	}
+	return nil
+}
+
+// NumHeaders returns the number of headers.
+func (m *Message) NumHeaders() int { return int(m.nh) }
+
+// EachHeader calls f for every header in insertion order.
+func (m *Message) EachHeader(f func(id uint16, h Header)) {
+	n := min(int(m.nh), inlineHeaders)
+	for i := range n {
+		f(m.hdrs[i].id, m.hdrs[i].hdr)
+	}
+	for _, e := range m.more {
+		f(e.id, e.hdr)
+	}
+}
+
+func (m *Message) headerSlice(dst []hdrEntry) []hdrEntry {
+	n := min(int(m.nh), inlineHeaders)
+	dst = append(dst, m.hdrs[:n]...)
+	return append(dst, m.more...)
+}
+
+func (m *Message) setHeaders(all []hdrEntry) {
+	m.hdrs = [inlineHeaders]hdrEntry{}
+	m.more = nil
+	m.nh = uint8(len(all))
+	n := copy(m.hdrs[:], all)
+	if len(all) > n {
+		m.more = append([]hdrEntry(nil), all[n:]...)
+	}
+}
+
+// Copy returns a new message with the same destination, source, flags,
+// headers and payload (the payload and headers are shared, not copied).
+// Transient flags are not copied.
+func (m *Message) Copy() *Message {
+	c := &Message{Dest: m.Dest, Src: m.Src, Flags: m.Flags, Payload: m.Payload, nh: m.nh, hdrs: m.hdrs}
+	if len(m.more) > 0 {
+		c.more = append([]hdrEntry(nil), m.more...)
+	}
+	return c
+}
+
+// DeepCopy is Copy with a private copy of the payload.
+func (m *Message) DeepCopy() *Message {
+	c := m.Copy()
+	if m.Payload != nil {
+		c.Payload = append(make([]byte, 0, len(m.Payload)), m.Payload...)
+	}
+	return c
+}
+
+// String summarises the message for logs.
+func (m *Message) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[%s -> ", m.Src)
+	if m.IsMulticast() {
+		b.WriteString("<group>")
+	} else {
+		b.WriteString(m.Dest.String())
+	}
+	fmt.Fprintf(&b, ", %d bytes", len(m.Payload))
+	if m.Flags != 0 {
+		fmt.Fprintf(&b, ", flags=%s", m.Flags)
+	}
+	if m.nh > 0 {
+		b.WriteString(", hdrs=")
+		first := true
+		m.EachHeader(func(id uint16, h Header) {
+			if !first {
+				b.WriteString(",")
+			}
+			first = false
+			name := fmt.Sprint(id)
+			if t, ok := lookupHeader(id); ok {
+				name = t.name
+			}
+			fmt.Fprintf(&b, "%s:%v", name, h)
+		})
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+// Batch is a group of received messages from one sender, for one lane, handed
+// up a stack in one call. A protocol may process it as a whole (one lock for
+// the batch) and remove what it consumes. A batch is owned by the goroutine
+// that passes it up; do not keep it after the call returns (keep messages).
+type Batch struct {
+	Src  Address
+	Dest Address // zero: the messages were multicasts
+	Lane Lane
+	Msgs []*Message
+}
+
+// Len returns the number of messages.
+func (b *Batch) Len() int { return len(b.Msgs) }
+
+// Add appends messages.
+func (b *Batch) Add(ms ...*Message) { b.Msgs = append(b.Msgs, ms...) }
+
+// Keep removes every message for which keep returns false, preserving order.
+func (b *Batch) Keep(keep func(*Message) bool) {
+	out := b.Msgs[:0]
+	for _, m := range b.Msgs {
+		if keep(m) {
+			out = append(out, m)
+		}
+	}
+	clear(b.Msgs[len(out):])
+	b.Msgs = out
+}
+
+// Reset empties the batch for reuse, keeping its capacity.
+func (b *Batch) Reset() {
+	clear(b.Msgs)
+	b.Msgs = b.Msgs[:0]
+	b.Src, b.Dest, b.Lane = Address{}, Address{}, LaneRegular
+}

@@ -1,0 +1,275 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+)
+
+// Protocol is one layer of a stack. Messages travel Down (towards the wire)
+// and Up (towards the application), singly or, upwards, as batches; control
+// events travel DownEvent and UpEvent and may return a value (for queries).
+//
+// Every protocol embeds Base (or TransportBase), which forwards everything,
+// so a protocol implements only the methods for what it adds. To forward,
+// call the Pass* methods of Base.
+type Protocol interface {
+	// Name is the protocol's type name, as in configs ("UNICAST2").
+	Name() string
+
+	// Init validates and allocates; it runs once, after the stack is linked.
+	Init() error
+	// Start runs on every Connect, bottom first; goroutines started with
+	// Base.Go from here on are stopped by the stack.
+	Start() error
+	// Stop runs on every Disconnect, top first, after the layer's Done
+	// channel is closed; the stack then waits for the layer's goroutines.
+	Stop()
+	// Close releases what Init allocated; it runs once.
+	Close() error
+
+	Down(ctx context.Context, m *Message) error
+	Up(m *Message)
+	UpBatch(b *Batch)
+	DownEvent(ctx context.Context, ev Event) (any, error)
+	UpEvent(ev Event) (any, error)
+
+	base() *Base
+}
+
+// StatsReporter is implemented by protocols that expose counters.
+type StatsReporter interface {
+	Stats() []Stat
+}
+
+// Stat is one named counter or gauge of a protocol.
+type Stat struct {
+	Name  string
+	Value int64
+}
+
+// Errors returned by the core.
+var (
+	// ErrClosed: the channel or stack is closed.
+	ErrClosed = errors.New("strata: closed")
+	// ErrNotConnected: the channel is not connected to a cluster.
+	ErrNotConnected = errors.New("strata: not connected")
+	// ErrNoTransport: a message reached the bottom of a stack with no transport.
+	ErrNoTransport = errors.New("strata: no transport below")
+)
+
+type link struct{ p Protocol }
+
+// Base is embedded by every protocol. It links the layer to its neighbours,
+// forwards every message and event by default, owns the layer's goroutines
+// and gives access to the stack (local address, cluster, logger).
+type Base struct {
+	self  Protocol
+	id    uint16
+	st    *Stack
+	up    atomic.Pointer[link]
+	down  atomic.Pointer[link]
+	log   *slog.Logger
+	gmu   sync.Mutex
+	done  chan struct{}
+	wg    sync.WaitGroup
+	stopd bool
+}
+
+func (b *Base) base() *Base { return b }
+
+// ID returns the protocol's id (its header key), from the registry; zero for
+// unregistered protocols.
+func (b *Base) ID() uint16 { return b.id }
+
+// Stack returns the stack the layer is in (nil before it is linked).
+func (b *Base) Stack() *Stack { return b.st }
+
+// LocalAddress returns the address of the member this stack belongs to.
+func (b *Base) LocalAddress() Address { return b.st.LocalAddress() }
+
+// Log returns the layer's logger (the stack's, with the protocol name).
+func (b *Base) Log() *slog.Logger {
+	if b.log == nil {
+		return discardLogger
+	}
+	return b.log
+}
+
+// Init does nothing; protocols override it.
+func (b *Base) Init() error { return nil }
+
+// Start does nothing; protocols override it.
+func (b *Base) Start() error { return nil }
+
+// Stop does nothing; protocols override it.
+func (b *Base) Stop() {}
+
+// Close does nothing; protocols override it.
+func (b *Base) Close() error { return nil }
+
+// Down forwards m to the layer below.
+func (b *Base) Down(ctx context.Context, m *Message) error { return b.PassDown(ctx, m) }
+
+// Up forwards m to the layer above.
+func (b *Base) Up(m *Message) { b.PassUp(m) }
+
+// UpBatch hands every message carrying this protocol's header to the
+// protocol's Up (in order, removing it from the batch) and forwards the rest
+// as a batch, as JGroups does. A protocol that acts on messages without its
+// own header overrides UpBatch.
+func (b *Base) UpBatch(bt *Batch) {
+	if b.id != 0 && b.self != nil && b.anyMine(bt) {
+		var mine []*Message
+		bt.Keep(func(m *Message) bool {
+			if m.Header(b.id) != nil {
+				mine = append(mine, m)
+				return false
+			}
+			return true
+		})
+		for _, m := range mine {
+			b.self.Up(m)
+		}
+	}
+	b.PassUpBatch(bt)
+}
+
+func (b *Base) anyMine(bt *Batch) bool {
+	for _, m := range bt.Msgs {
+		if m.Header(b.id) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// DownEvent forwards ev to the layer below.
+func (b *Base) DownEvent(ctx context.Context, ev Event) (any, error) { return b.PassDownEvent(ctx, ev) }
+
+// UpEvent forwards ev to the layer above.
+func (b *Base) UpEvent(ev Event) (any, error) { return b.PassUpEvent(ev) }
+
+// PassDown sends m to the layer below.
+func (b *Base) PassDown(ctx context.Context, m *Message) error {
+	if l := b.down.Load(); l != nil {
+		return l.p.Down(ctx, m)
+	}
+	return ErrNoTransport
+}
+
+// PassUp sends m to the layer above.
+func (b *Base) PassUp(m *Message) {
+	if l := b.up.Load(); l != nil {
+		l.p.Up(m)
+	}
+}
+
+// PassUpBatch sends bt to the layer above; empty batches stop here.
+func (b *Base) PassUpBatch(bt *Batch) {
+	if len(bt.Msgs) == 0 {
+		return
+	}
+	if l := b.up.Load(); l != nil {
+		l.p.UpBatch(bt)
+	}
+}
+
+// PassDownEvent sends ev to the layer below; at the bottom it returns nil.
+func (b *Base) PassDownEvent(ctx context.Context, ev Event) (any, error) {
+	if l := b.down.Load(); l != nil {
+		return l.p.DownEvent(ctx, ev)
+	}
+	return nil, nil
+}
+
+// PassUpEvent sends ev to the layer above; at the top it reaches the channel.
+func (b *Base) PassUpEvent(ev Event) (any, error) {
+	if l := b.up.Load(); l != nil {
+		return l.p.UpEvent(ev)
+	}
+	return nil, nil
+}
+
+// Above returns the protocol above, or nil at the top.
+func (b *Base) Above() Protocol {
+	if l := b.up.Load(); l != nil {
+		return l.p
+	}
+	return nil
+}
+
+// Below returns the protocol below, or nil at the bottom.
+func (b *Base) Below() Protocol {
+	if l := b.down.Load(); l != nil {
+		return l.p
+	}
+	return nil
+}
+
+// Done is closed when the layer stops; goroutines of the layer select on it.
+func (b *Base) Done() <-chan struct{} {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	if b.done == nil {
+		b.done = make(chan struct{})
+	}
+	return b.done
+}
+
+// Go runs f on a goroutine owned by the layer: the stack closes Done and
+// waits for f to return when the layer stops. Go after Stop runs nothing and
+// returns false.
+func (b *Base) Go(f func(done <-chan struct{})) bool {
+	b.gmu.Lock()
+	if b.stopd {
+		b.gmu.Unlock()
+		return false
+	}
+	if b.done == nil {
+		b.done = make(chan struct{})
+	}
+	done := b.done
+	b.wg.Add(1)
+	b.gmu.Unlock()
+	go func() {
+		defer b.wg.Done()
+		f(done)
+	}()
+	return true
+}
+
+// Stopped reports whether the layer has been stopped (and not restarted).
+func (b *Base) Stopped() bool {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	return b.stopd
+}
+
+func (b *Base) beginStart() {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	if b.stopd || b.done == nil {
+		b.done = make(chan struct{})
+	}
+	b.stopd = false
+}
+
+func (b *Base) beginStop() {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	if b.stopd {
+		return
+	}
+	b.stopd = true
+	if b.done == nil {
+		b.done = make(chan struct{})
+	}
+	close(b.done)
+}
+
+func (b *Base) waitGoroutines() { b.wg.Wait() }
+
+var discardLogger = slog.New(slog.DiscardHandler)

@@ -1,0 +1,160 @@
+package stack
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+)
+
+// ProtocolSpec describes a protocol type to Register: its name in configs,
+// its fixed id (see ids.go), a one-line description, its config struct C
+// with defaults, and the constructor that builds a layer from a config.
+//
+// C's exported fields are the config keys: `toml:"key"` names the key and
+// `doc:"..."` describes it in one line. If *C has a Validate() error method
+// it is called after decoding and before New.
+type ProtocolSpec[C any] struct {
+	Name      string
+	ID        uint16
+	Doc       string
+	Transport bool
+	Defaults  func() C
+	New       func(C) (Protocol, error)
+}
+
+// ProtocolType is a registered protocol type, as the config loader and
+// `stackdemo protocols` see it.
+type ProtocolType struct {
+	Name      string
+	ID        uint16
+	Doc       string
+	Transport bool
+	Keys      []KeyInfo
+
+	newConfig func() any         // pointer to a config with defaults
+	build     func(any) (Protocol, error)
+}
+
+// KeyInfo documents one config key of a protocol.
+type KeyInfo struct {
+	Key     string
+	Type    string
+	Default string
+	Doc     string
+	field   []int
+	kind    keyKind
+}
+
+// Validator is implemented by config structs that check their values.
+type Validator interface {
+	Validate() error
+}
+
+var (
+	regMu    sync.RWMutex
+	registry = map[string]*ProtocolType{}
+	regIDs   = map[uint16]string{}
+)
+
+// Register adds a protocol type to the registry. It is meant for init
+// functions; an empty name, a missing constructor, or a name or id that is
+// already registered panics (database/sql's strict form).
+func Register[C any](s ProtocolSpec[C]) {
+	if s.Name == "" || s.New == nil || s.Defaults == nil {
+		panic("stack: Register needs Name, Defaults and New")
+	}
+	ct := reflect.TypeFor[C]()
+	if ct.Kind() != reflect.Struct {
+		panic("stack: Register " + s.Name + ": config type must be a struct")
+	}
+	keys, err := configKeys(ct, reflect.ValueOf(s.Defaults()))
+	if err != nil {
+		panic("stack: Register " + s.Name + ": " + err.Error())
+	}
+	t := &ProtocolType{
+		Name: s.Name, ID: s.ID, Doc: s.Doc, Transport: s.Transport, Keys: keys,
+		newConfig: func() any { c := s.Defaults(); return &c },
+		build:     func(c any) (Protocol, error) { return s.New(*c.(*C)) },
+	}
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[s.Name]; dup {
+		panic("stack: protocol " + s.Name + " registered twice")
+	}
+	if s.ID != 0 {
+		if other, dup := regIDs[s.ID]; dup {
+			panic(fmt.Sprintf("stack: protocol id %d of %s already belongs to %s", s.ID, s.Name, other))
+		}
+		regIDs[s.ID] = s.Name
+	}
+	registry[s.Name] = t
+}
+
+// LookupProtocol returns the registered type named name.
+func LookupProtocol(name string) (*ProtocolType, bool) {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	t, ok := registry[name]
+	return t, ok
+}
+
+// Registered returns every registered protocol type, sorted by name.
+func Registered() []*ProtocolType {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	out := make([]*ProtocolType, 0, len(registry))
+	for _, t := range registry {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *ProtocolType) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func registeredNames() []string {
+	var names []string
+	for _, t := range Registered() {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
+// DefaultConfig returns a pointer to a new config of the type with its
+// defaults, for building stacks in code.
+func (t *ProtocolType) DefaultConfig() any { return t.newConfig() }
+
+// Build validates cfg (a pointer returned by DefaultConfig) and builds a
+// protocol from it.
+func (t *ProtocolType) Build(cfg any) (Protocol, error) {
+	if v, ok := cfg.(Validator); ok {
+		if err := v.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return t.build(cfg)
+}
+
+// New builds a protocol of the registered type name from its defaults,
+// changed by the optional set function; for stacks built in code.
+func New[C any](name string, set func(*C)) (Protocol, error) {
+	t, ok := LookupProtocol(name)
+	if !ok {
+		return nil, fmt.Errorf("stack: unknown protocol %q (registered: %v)", name, registeredNames())
+	}
+	cfg, ok := t.newConfig().(*C)
+	if !ok {
+		return nil, fmt.Errorf("stack: protocol %s is not configured by %T", name, *new(C))
+	}
+	if set != nil {
+		set(cfg)
+	}
+	return t.Build(cfg)
+}

@@ -1,0 +1,333 @@
+// Package stacktest is what every protocol's tests use: start N channels on
+// a stack (usually on the in-memory SIM network), wait for conditions
+// without fixed sleeps, check delivery invariants, and check that Close
+// leaves no goroutine behind.
+package stacktest
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/strata-go/strata/protocols/sim"
+	"github.com/strata-go/strata/stack"
+)
+
+// Seed returns the fault seed for t: $STRATA_SEED if set, else one derived
+// from the test's name. It logs the seed if the test fails, so a failure can
+// be replayed with STRATA_SEED=N.
+func Seed(t testing.TB) uint64 {
+	t.Helper()
+	var seed uint64
+	if s := os.Getenv("STRATA_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("STRATA_SEED=%q: %v", s, err)
+		}
+		seed = v
+	} else {
+		h := fnv.New64a()
+		h.Write([]byte(t.Name()))
+		seed = h.Sum64()
+	}
+	LogSeedOnFailure(t, seed)
+	return seed
+}
+
+// LogSeedOnFailure makes t print seed if it fails.
+func LogSeedOnFailure(t testing.TB, seed uint64) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("fault seed: %d (replay with STRATA_SEED=%d)", seed, seed)
+		}
+	})
+}
+
+var netCounter atomic.Int64
+
+// NewNetwork creates a SIM network with a unique name and seed, closed when
+// t ends.
+func NewNetwork(t testing.TB, seed uint64) *sim.Network {
+	t.Helper()
+	name := fmt.Sprintf("%s#%d", t.Name(), netCounter.Add(1))
+	n, err := sim.NewNetwork(name, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSeedOnFailure(t, seed)
+	t.Cleanup(n.Close)
+	return n
+}
+
+// Cluster is a set of connected channels under test.
+type Cluster struct {
+	Net      *sim.Network // nil if the stacks are not on SIM
+	Channels []*stack.Channel
+	Recv     []*Collector
+}
+
+// Names are the logical names given to members, in order.
+var Names = []string{"A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P"}
+
+func memberName(i int) string {
+	if i < len(Names) {
+		return Names[i]
+	}
+	return fmt.Sprintf("M%d", i)
+}
+
+// StartSIM starts n channels on a fresh SIM network. above(i) returns the
+// protocols to place above SIM for member i (nil for a bare transport).
+// Each member gets a Collector as receiver, and all members get one view of
+// all of them (injected, as there may be no membership protocol). Channels
+// are closed when t ends.
+func StartSIM(t testing.TB, n int, seed uint64, above func(i int) []stack.Protocol) *Cluster {
+	t.Helper()
+	net := NewNetwork(t, seed)
+	c := Start(t, n, func(i int) []stack.Protocol {
+		cfg := sim.DefaultConfig()
+		cfg.Network = net.Name()
+		ps := []stack.Protocol{sim.New(cfg)}
+		if above != nil {
+			ps = append(ps, above(i)...)
+		}
+		return ps
+	})
+	c.Net = net
+	c.InjectView(t)
+	return c
+}
+
+// Start builds, names and connects n channels (to cluster "test"); build(i)
+// returns member i's protocols, bottom first.
+func Start(t testing.TB, n int, build func(i int) []stack.Protocol) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for i := range n {
+		col := NewCollector()
+		ch, err := stack.NewChannel(build(i), stack.WithName(memberName(i)), stack.WithReceiver(col))
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+		t.Cleanup(func() { _ = ch.Close() })
+		if err := ch.Connect(context.Background(), "test"); err != nil {
+			t.Fatalf("member %d: connect: %v", i, err)
+		}
+		c.Channels = append(c.Channels, ch)
+		c.Recv = append(c.Recv, col)
+	}
+	return c
+}
+
+// Addresses returns the members' addresses in order.
+func (c *Cluster) Addresses() []stack.Address {
+	out := make([]stack.Address, len(c.Channels))
+	for i, ch := range c.Channels {
+		out[i] = ch.Address()
+	}
+	return out
+}
+
+// InjectView installs one view of every member on every member (the first
+// member is the coordinator).
+func (c *Cluster) InjectView(t testing.TB) *stack.View {
+	t.Helper()
+	addrs := c.Addresses()
+	seq := uint64(2)
+	if v := c.Channels[0].View(); v != nil {
+		seq = v.ID.Seq + 1
+	}
+	v := stack.NewView(addrs[0], seq, addrs...)
+	InjectView(t, v, c.Channels...)
+	return v
+}
+
+// InjectView installs v on each of chs.
+func InjectView(t testing.TB, v *stack.View, chs ...*stack.Channel) {
+	t.Helper()
+	for _, ch := range chs {
+		if err := ch.Stack().InstallView(context.Background(), v); err != nil {
+			t.Fatalf("inject view on %s: %v", ch.Address(), err)
+		}
+	}
+}
+
+// Close closes every channel.
+func (c *Cluster) Close() {
+	for i := len(c.Channels) - 1; i >= 0; i-- {
+		_ = c.Channels[i].Close()
+	}
+}
+
+// Poll is how often WaitFor re-checks its condition (virtual time under
+// synctest).
+const Poll = time.Millisecond
+
+// WaitFor waits until cond holds, re-checking every Poll, and fails t
+// with the formatted message if it does not hold within timeout. Under
+// synctest the timeout is virtual.
+func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	if !Eventually(timeout, cond) {
+		t.Fatalf("condition not met within %s: %s", timeout, fmt.Sprintf(format, args...))
+	}
+}
+
+// Eventually reports whether cond holds within timeout.
+func Eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(Poll)
+	}
+}
+
+// WaitForSameView waits until every channel has the same view with all
+// of them as members.
+func WaitForSameView(t testing.TB, timeout time.Duration, chs ...*stack.Channel) {
+	t.Helper()
+	WaitFor(t, timeout, func() bool {
+		v0 := chs[0].View()
+		if v0 == nil || v0.Size() != len(chs) {
+			return false
+		}
+		for _, ch := range chs {
+			v := ch.View()
+			if v == nil || v.ID != v0.ID || !v.Contains(ch.Address()) {
+				return false
+			}
+		}
+		return true
+	}, "all %d channels see the same view", len(chs))
+}
+
+// Payload encodes a sender index and sequence number as an 8-byte payload
+// (padded to size), for invariant checks.
+func Payload(sender, seq, size int) []byte {
+	p := make([]byte, max(size, 8))
+	binary.BigEndian.PutUint32(p, uint32(sender))
+	binary.BigEndian.PutUint32(p[4:], uint32(seq))
+	return p
+}
+
+// ParsePayload decodes a payload made by Payload.
+func ParsePayload(p []byte) (sender, seq int, ok bool) {
+	if len(p) < 8 {
+		return 0, 0, false
+	}
+	return int(binary.BigEndian.Uint32(p)), int(binary.BigEndian.Uint32(p[4:])), true
+}
+
+// Collector is a Receiver that records what it gets, for invariant checks.
+// Payloads made by Payload are tracked per (source address, sender index).
+type Collector struct {
+	mu      sync.Mutex
+	msgs    []*stack.Message
+	views   []*stack.View
+	seqs    map[stack.Address][]int
+	OnMsg   func(m *stack.Message) // optional hook, called before recording
+	blocked atomic.Int64
+}
+
+// NewCollector returns an empty collector.
+func NewCollector() *Collector { return &Collector{seqs: map[stack.Address][]int{}} }
+
+// Receive records m.
+func (c *Collector) Receive(m *stack.Message) {
+	if f := c.OnMsg; f != nil {
+		f(m)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs = append(c.msgs, m)
+	if _, seq, ok := ParsePayload(m.Payload); ok {
+		c.seqs[m.Src] = append(c.seqs[m.Src], seq)
+	}
+}
+
+// ViewAccepted records v.
+func (c *Collector) ViewAccepted(v *stack.View) {
+	c.mu.Lock()
+	c.views = append(c.views, v)
+	c.mu.Unlock()
+}
+
+// Len returns the number of messages received.
+func (c *Collector) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.msgs)
+}
+
+// Messages returns a copy of the received messages.
+func (c *Collector) Messages() []*stack.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*stack.Message(nil), c.msgs...)
+}
+
+// Views returns the views received.
+func (c *Collector) Views() []*stack.View {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*stack.View(nil), c.views...)
+}
+
+// Seqs returns the sequence numbers received from src, in delivery order.
+func (c *Collector) Seqs(src stack.Address) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int(nil), c.seqs[src]...)
+}
+
+// Reset forgets everything received.
+func (c *Collector) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs, c.views = nil, nil
+	c.seqs = map[stack.Address][]int{}
+}
+
+// CheckExactlyOnce checks that the sequence numbers from each sender are
+// exactly 0..n-1, each once (in any order if fifo is false, in order if
+// true). It returns a description of the first violation, or "".
+func (c *Collector) CheckExactlyOnce(senders []stack.Address, n int, fifo bool) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range senders {
+		got := c.seqs[s]
+		seen := make([]bool, n)
+		for i, q := range got {
+			if q < 0 || q >= n {
+				return fmt.Sprintf("from %s: unexpected seqno %d", s, q)
+			}
+			if seen[q] {
+				return fmt.Sprintf("from %s: seqno %d delivered twice", s, q)
+			}
+			seen[q] = true
+			if fifo && q != i {
+				return fmt.Sprintf("from %s: position %d holds seqno %d (not FIFO)", s, i, q)
+			}
+		}
+		if len(got) != n {
+			for q, ok := range seen {
+				if !ok {
+					return fmt.Sprintf("from %s: %d of %d delivered, first missing seqno %d", s, len(got), n, q)
+				}
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,149 @@
+package stack
+
+import (
+	"errors"
+	"sync/atomic"
+)
+
+// Transport is the bottom layer of a stack: it puts messages on a network
+// and hands received ones to the stack's lanes. Transports embed
+// TransportBase, which does the work every transport shares.
+type Transport interface {
+	Protocol
+	transportBase() *TransportBase
+}
+
+// TransportBase is embedded by transports (UDP, SIM). It sets message
+// sources, loops messages back to the local member, decodes received
+// bundles (dropping and counting bad ones) and delivers them on the lanes.
+type TransportBase struct {
+	Base
+	counters TransportCounters
+}
+
+// TransportCounters are the statistics every transport keeps.
+type TransportCounters struct {
+	MsgsSent         atomic.Int64
+	MsgsReceived     atomic.Int64
+	BundlesReceived  atomic.Int64
+	Loopbacks        atomic.Int64
+	DroppedMalformed atomic.Int64
+	DroppedVersion   atomic.Int64
+	DroppedCluster   atomic.Int64
+	DroppedOwn       atomic.Int64
+	DroppedNotForUs  atomic.Int64
+}
+
+func (t *TransportBase) transportBase() *TransportBase { return t }
+
+// Counters returns the transport's counters for the transport to update and
+// report.
+func (t *TransportBase) Counters() *TransportCounters { return &t.counters }
+
+// Stats reports the shared transport counters.
+func (t *TransportBase) Stats() []Stat {
+	c := &t.counters
+	return []Stat{
+		{"msgs_sent", c.MsgsSent.Load()},
+		{"msgs_received", c.MsgsReceived.Load()},
+		{"bundles_received", c.BundlesReceived.Load()},
+		{"loopbacks", c.Loopbacks.Load()},
+		{"dropped_malformed", c.DroppedMalformed.Load()},
+		{"dropped_wrong_version", c.DroppedVersion.Load()},
+		{"dropped_wrong_cluster", c.DroppedCluster.Load()},
+		{"dropped_own_multicast", c.DroppedOwn.Load()},
+		{"dropped_not_for_us", c.DroppedNotForUs.Load()},
+	}
+}
+
+// PrepareSend readies m for sending: it sets the source to the local address
+// and delivers a copy to the local member when m is a multicast (unless
+// DontLoopback) or a unicast to self. It reports whether m must go on the
+// wire (false for a unicast to self).
+func (t *TransportBase) PrepareSend(m *Message) bool {
+	local := t.st.LocalAddress()
+	if m.Src.IsZero() {
+		m.Src = local
+	}
+	t.counters.MsgsSent.Add(1)
+	switch {
+	case m.Dest.IsZero():
+		if !m.HasTransient(DontLoopback) {
+			t.loopback(m)
+		}
+		return true
+	case m.Dest == local:
+		t.loopback(m)
+		return false
+	}
+	return true
+}
+
+func (t *TransportBase) loopback(m *Message) {
+	t.counters.Loopbacks.Add(1)
+	c := m.Copy()
+	t.Deliver(&Batch{Src: c.Src, Dest: c.Dest, Lane: c.Lane(), Msgs: []*Message{c}})
+}
+
+// Deliver hands bt (one sender, one lane, one destination) to the lanes. The
+// lanes own bt afterwards.
+func (t *TransportBase) Deliver(bt *Batch) {
+	t.counters.MsgsReceived.Add(int64(len(bt.Msgs)))
+	t.st.lanes.deliver(bt)
+}
+
+// Receive decodes a datagram holding a bundle and delivers its messages,
+// split by lane. Bundles of another cluster or wire version, malformed input,
+// own multicasts (already looped back) and unicasts for another member are
+// counted and dropped. data must not be reused: payloads alias it.
+func (t *TransportBase) Receive(data []byte) {
+	cluster := t.st.Cluster()
+	if cluster == "" {
+		t.counters.DroppedCluster.Add(1)
+		return
+	}
+	h, msgs, err := DecodeBundle(data, cluster)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrWrongCluster):
+		t.counters.DroppedCluster.Add(1)
+		return
+	case errors.Is(err, ErrWrongVersion):
+		t.counters.DroppedVersion.Add(1)
+		return
+	default:
+		t.counters.DroppedMalformed.Add(1)
+		t.Log().Debug("dropped malformed bundle", "len", len(data), "err", err)
+		return
+	}
+	t.counters.BundlesReceived.Add(1)
+	local := t.st.LocalAddress()
+	if h.Src == local {
+		if h.Multicast {
+			t.counters.DroppedOwn.Add(int64(len(msgs)))
+			return
+		}
+	}
+	var bs [numLanes]*Batch
+	for _, m := range msgs {
+		if !m.Dest.IsZero() && m.Dest != local {
+			t.counters.DroppedNotForUs.Add(1)
+			continue
+		}
+		l := m.Lane()
+		b := bs[l]
+		if b == nil || b.Src != m.Src || b.Dest != m.Dest {
+			if b != nil {
+				t.Deliver(b)
+			}
+			b = &Batch{Src: m.Src, Dest: m.Dest, Lane: l, Msgs: make([]*Message, 0, len(msgs))}
+			bs[l] = b
+		}
+		b.Msgs = append(b.Msgs, m)
+	}
+	for _, b := range bs {
+		if b != nil {
+			t.Deliver(b)
+		}
+	}
+}
