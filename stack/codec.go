@@ -211,7 +211,9 @@ func AppendAddress(b []byte, a Address) []byte { return append(b, a.id[:]...) }
 func AppendLenBytes(b, v []byte) []byte { return append(binary.AppendUvarint(b, uint64(len(v))), v...) }
 
 // AppendString appends a uvarint length and the string.
-func AppendString(b []byte, s string) []byte { return append(binary.AppendUvarint(b, uint64(len(s))), s...) }
+func AppendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
 
 // UvarintSize returns the encoded length of v as an unsigned varint.
 func UvarintSize(v uint64) int {

@@ -32,7 +32,7 @@ type ProtocolType struct {
 	Transport bool
 	Keys      []KeyInfo
 
-	newConfig func() any         // pointer to a config with defaults
+	newConfig func() any // pointer to a config with defaults
 	build     func(any) (Protocol, error)
 }
 

@@ -15,13 +15,13 @@ import (
 // drawn from the network's seeded source, per link, in packet order, so the
 // same seed and the same traffic give the same faults.
 type Rule struct {
-	Drop          float64                    // probability a packet is lost
-	Duplicate     float64                    // probability a packet arrives twice
-	Reorder       float64                    // probability a packet is held back up to ReorderWindow
-	ReorderWindow time.Duration              // default 1ms
-	Delay         time.Duration              // fixed latency
-	Jitter        time.Duration              // extra random latency in [0, Jitter)
-	DropIf        func(*stack.Message) bool  // drops matching messages (by header, flags, ...)
+	Drop          float64                   // probability a packet is lost
+	Duplicate     float64                   // probability a packet arrives twice
+	Reorder       float64                   // probability a packet is held back up to ReorderWindow
+	ReorderWindow time.Duration             // default 1ms
+	Delay         time.Duration             // fixed latency
+	Jitter        time.Duration             // extra random latency in [0, Jitter)
+	DropIf        func(*stack.Message) bool // drops matching messages (by header, flags, ...)
 }
 
 func (r Rule) faulty() bool {
