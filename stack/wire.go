@@ -114,10 +114,9 @@ func ReadMessage(r *Reader, bundleSrc Address) (*Message, error) {
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	var sub Reader
 	for range nh {
 		id := r.Uint16()
-		body := r.LenBytes(maxHeaderBody, "header")
+		n := r.Len32(maxHeaderBody, "header")
 		if err := r.Err(); err != nil {
 			return nil, err
 		}
@@ -128,14 +127,18 @@ func ReadMessage(r *Reader, bundleSrc Address) (*Message, error) {
 		if m.Header(id) != nil {
 			return nil, fmt.Errorf("%w: header %s twice", ErrMalformed, t.name)
 		}
-		sub.Reset(body)
-		h, err := t.decode(&sub)
+		// The decoder reads from r itself, limited to the body, so decoding
+		// allocates nothing beyond the header.
+		end, full := r.off+n, r.buf
+		r.buf = r.buf[:end]
+		h, err := t.decode(r)
 		if err == nil {
-			err = sub.Err()
+			err = r.Err()
 		}
-		if err == nil && sub.Len() != 0 {
-			err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, sub.Len())
+		if err == nil && r.off != end {
+			err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, end-r.off)
 		}
+		r.buf = full
 		if err != nil {
 			return nil, fmt.Errorf("header %s: %w", t.name, err)
 		}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -45,6 +44,8 @@ type Network struct {
 	links   map[linkKey]Rule
 	island  map[stack.Address]int // nil: no partition
 	rngs    map[linkKey]*rand.Rand
+	order   map[stack.Address]uint64 // attach order: link seeds must not depend on random addresses
+	nextIdx uint64
 	closed  bool
 
 	// Counters.
@@ -89,6 +90,7 @@ func newNetwork(name string, seed uint64) *Network {
 		members: map[stack.Address]*endpoint{},
 		links:   map[linkKey]Rule{},
 		rngs:    map[linkKey]*rand.Rand{},
+		order:   map[stack.Address]uint64{},
 	}
 }
 
@@ -107,6 +109,8 @@ func attach(name string, seed uint64, ep *endpoint) (*Network, error) {
 		return nil, fmt.Errorf("sim: address %s already attached to network %q", ep.addr, name)
 	}
 	n.members[ep.addr] = ep
+	n.nextIdx++
+	n.order[ep.addr] = n.nextIdx
 	return n, nil
 }
 
@@ -197,11 +201,9 @@ func (n *Network) Members() []stack.Address {
 func (n *Network) rng(k linkKey) *rand.Rand {
 	r := n.rngs[k]
 	if r == nil {
-		h := fnv.New64a()
-		from, to := k.from.UUID(), k.to.UUID()
-		h.Write(from[:])
-		h.Write(to[:])
-		r = rand.New(rand.NewPCG(n.seed, h.Sum64()))
+		// Seeded by the members' attach order, not their random addresses,
+		// so a seed replays the same faults in a new run.
+		r = rand.New(rand.NewPCG(n.seed, n.order[k.from]<<32|n.order[k.to]))
 		n.rngs[k] = r
 	}
 	return r
