@@ -49,7 +49,7 @@ func NewStack(protos ...Protocol) (*Stack, error) {
 		s.adopt(p)
 	}
 	s.relink()
-	t := s.protos[0].base()
+	t := s.protos[0].(Transport).transportBase()
 	s.lanes = newLanes(t.PassUpBatch)
 	return s, nil
 }

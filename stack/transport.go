@@ -34,6 +34,10 @@ type TransportCounters struct {
 	DroppedNotForUs  atomic.Int64
 }
 
+// transportBase marks transports: only types embedding TransportBase
+// implement Transport.
+//
+//lint:ignore U1000 called through the Transport interface (staticcheck misses the use in NewStack)
 func (t *TransportBase) transportBase() *TransportBase { return t }
 
 // Counters returns the transport's counters for the transport to update and

@@ -46,7 +46,6 @@ type Network struct {
 	rngs    map[linkKey]*rand.Rand
 	order   map[stack.Address]uint64 // attach order: link seeds must not depend on random addresses
 	nextIdx uint64
-	closed  bool
 
 	// Counters.
 	Sent        atomic.Int64

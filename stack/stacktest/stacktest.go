@@ -233,12 +233,11 @@ func ParsePayload(p []byte) (sender, seq int, ok bool) {
 // Collector is a Receiver that records what it gets, for invariant checks.
 // Payloads made by Payload are tracked per (source address, sender index).
 type Collector struct {
-	mu      sync.Mutex
-	msgs    []*stack.Message
-	views   []*stack.View
-	seqs    map[stack.Address][]int
-	OnMsg   func(m *stack.Message) // optional hook, called before recording
-	blocked atomic.Int64
+	mu    sync.Mutex
+	msgs  []*stack.Message
+	views []*stack.View
+	seqs  map[stack.Address][]int
+	OnMsg func(m *stack.Message) // optional hook, called before recording
 }
 
 // NewCollector returns an empty collector.

@@ -1,0 +1,52 @@
+package stack_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/strata-go/strata/configs"
+	_ "github.com/strata-go/strata/protocols/all" // registers every protocol
+	"github.com/strata-go/strata/stack"
+)
+
+// printer prints what it receives; Receive may run concurrently.
+type printer struct {
+	mu   sync.Mutex
+	wg   *sync.WaitGroup
+	name string
+}
+
+func (p *printer) Receive(m *stack.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Printf("%s got %q from %s\n", p.name, m.Payload, m.Src)
+	p.wg.Done()
+}
+
+func (p *printer) ViewAccepted(v *stack.View) {}
+
+// Example embeds a channel built from a shipped config and sends one
+// message to the group.
+func Example() {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	ch, err := stack.NewChannelFromFS(configs.FS, "sim.toml",
+		stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
+	if err != nil {
+		panic(err)
+	}
+	defer ch.Close()
+	ctx := context.Background()
+	if err := ch.Connect(ctx, "demo"); err != nil {
+		panic(err)
+	}
+	fmt.Println("view:", ch.View())
+	if err := ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello"))); err != nil {
+		panic(err)
+	}
+	wg.Wait()
+	// Output:
+	// view: [A|1] (1) [A]
+	// A got "hello" from A
+}
