@@ -17,7 +17,7 @@ func CheckLeaks(t testing.TB) {
 	before := goroutineIDs()
 	t.Cleanup(func() {
 		var leaked []string
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(leakGrace)
 		for {
 			leaked = leaked[:0]
 			for id, stack := range goroutineStacks() {
@@ -35,6 +35,9 @@ func CheckLeaks(t testing.TB) {
 		}
 	})
 }
+
+// leakGrace is how long CheckLeaks lets goroutines finish exiting.
+var leakGrace = 5 * time.Second
 
 func ignorable(stack string) bool {
 	for _, s := range []string{"testing.(*T).Run", "testing.tRunner", "runtime.goexit0", "testing.runFuzzing", "os/signal.signal_recv"} {
