@@ -1,6 +1,17 @@
 package stack
 
-import "fmt"
+import (
+	"fmt"
+	"net/netip"
+)
+
+// PhysicalMapping ties a member's logical address to the network address
+// its transport listens on; discovery passes it down in
+// EvAddPhysicalAddress.
+type PhysicalMapping struct {
+	Logical  Address
+	Physical netip.AddrPort
+}
 
 // EventType names a control event. Core events are below UserEvent;
 // protocols that define events of their own number them from UserEvent up
@@ -32,10 +43,11 @@ const (
 	EvSetDigest
 	// EvFindMembers (down): ask discovery for the current members.
 	EvFindMembers
-	// EvGetPhysicalAddress (down): query the transport. Arg: Address.
+	// EvGetPhysicalAddress (down): query the transport. Arg: Address (zero:
+	// the local member). Returns netip.AddrPort, or nil if unknown.
 	EvGetPhysicalAddress
 	// EvAddPhysicalAddress (down): discovery teaches the transport a
-	// mapping. Arg: protocol-specific.
+	// mapping. Arg: PhysicalMapping.
 	EvAddPhysicalAddress
 	// EvWhoHas (up): the transport needs the physical address of a member.
 	// Arg: Address.

@@ -32,6 +32,12 @@ type TransportCounters struct {
 	DroppedCluster   atomic.Int64
 	DroppedOwn       atomic.Int64
 	DroppedNotForUs  atomic.Int64
+
+	// Per lane (index: Lane): messages and payload bytes.
+	LaneMsgsSent  [numLanes]atomic.Int64
+	LaneBytesSent [numLanes]atomic.Int64
+	LaneMsgsRecv  [numLanes]atomic.Int64
+	LaneBytesRecv [numLanes]atomic.Int64
 }
 
 // transportBase marks transports: only types embedding TransportBase
@@ -47,7 +53,7 @@ func (t *TransportBase) Counters() *TransportCounters { return &t.counters }
 // Stats reports the shared transport counters.
 func (t *TransportBase) Stats() []Stat {
 	c := &t.counters
-	return []Stat{
+	out := []Stat{
 		{"msgs_sent", c.MsgsSent.Load()},
 		{"msgs_received", c.MsgsReceived.Load()},
 		{"bundles_received", c.BundlesReceived.Load()},
@@ -58,6 +64,15 @@ func (t *TransportBase) Stats() []Stat {
 		{"dropped_own_multicast", c.DroppedOwn.Load()},
 		{"dropped_not_for_us", c.DroppedNotForUs.Load()},
 	}
+	for l := range numLanes {
+		name := Lane(l).String()
+		out = append(out,
+			Stat{"msgs_sent_" + name, c.LaneMsgsSent[l].Load()},
+			Stat{"bytes_sent_" + name, c.LaneBytesSent[l].Load()},
+			Stat{"msgs_received_" + name, c.LaneMsgsRecv[l].Load()},
+			Stat{"bytes_received_" + name, c.LaneBytesRecv[l].Load()})
+	}
+	return out
 }
 
 // PrepareSend readies m for sending: it sets the source to the local address
@@ -70,6 +85,9 @@ func (t *TransportBase) PrepareSend(m *Message) bool {
 		m.Src = local
 	}
 	t.counters.MsgsSent.Add(1)
+	l := m.Lane()
+	t.counters.LaneMsgsSent[l].Add(1)
+	t.counters.LaneBytesSent[l].Add(int64(len(m.Payload)))
 	switch {
 	case m.Dest.IsZero():
 		if !m.HasTransient(DontLoopback) {
@@ -93,39 +111,47 @@ func (t *TransportBase) loopback(m *Message) {
 // lanes own bt afterwards.
 func (t *TransportBase) Deliver(bt *Batch) {
 	t.counters.MsgsReceived.Add(int64(len(bt.Msgs)))
+	var n int64
+	for _, m := range bt.Msgs {
+		n += int64(len(m.Payload))
+	}
+	t.counters.LaneMsgsRecv[bt.Lane].Add(int64(len(bt.Msgs)))
+	t.counters.LaneBytesRecv[bt.Lane].Add(n)
 	t.st.lanes.deliver(bt)
 }
 
 // Receive decodes a datagram holding a bundle and delivers its messages,
 // split by lane. Bundles of another cluster or wire version, malformed input,
 // own multicasts (already looped back) and unicasts for another member are
-// counted and dropped. data must not be reused: payloads alias it.
-func (t *TransportBase) Receive(data []byte) {
+// counted and dropped. data must not be reused: payloads alias it. It
+// returns the bundle's preamble and whether the bundle was accepted, so a
+// transport can learn the sender's physical address.
+func (t *TransportBase) Receive(data []byte) (BundleHeader, bool) {
 	cluster := t.st.Cluster()
 	if cluster == "" {
 		t.counters.DroppedCluster.Add(1)
-		return
+		return BundleHeader{}, false
 	}
 	h, msgs, err := DecodeBundle(data, cluster)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrWrongCluster):
 		t.counters.DroppedCluster.Add(1)
-		return
+		return h, false
 	case errors.Is(err, ErrWrongVersion):
 		t.counters.DroppedVersion.Add(1)
-		return
+		return h, false
 	default:
 		t.counters.DroppedMalformed.Add(1)
 		t.Log().Debug("dropped malformed bundle", "len", len(data), "err", err)
-		return
+		return h, false
 	}
 	t.counters.BundlesReceived.Add(1)
 	local := t.st.LocalAddress()
 	if h.Src == local {
 		if h.Multicast {
 			t.counters.DroppedOwn.Add(int64(len(msgs)))
-			return
+			return h, false
 		}
 	}
 	var bs [numLanes]*Batch
@@ -150,4 +176,5 @@ func (t *TransportBase) Receive(data []byte) {
 			t.Deliver(b)
 		}
 	}
+	return h, true
 }

@@ -7,4 +7,5 @@ import (
 	_ "github.com/strata-go/strata/protocols/delay"
 	_ "github.com/strata-go/strata/protocols/discard"
 	_ "github.com/strata-go/strata/protocols/sim"
+	_ "github.com/strata-go/strata/protocols/udp"
 )

@@ -1,0 +1,408 @@
+// Package udp is the UDP transport: one unicast socket and one IP multicast
+// socket (or, with ip_mcast = false, one unicast per member for group
+// messages), a sender-side bundler, batched socket I/O, and a
+// logical-to-physical address cache.
+package udp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/ipv4"
+
+	"github.com/strata-go/strata/stack"
+)
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "UDP", ID: stack.IDUDP, Transport: true,
+		Doc:      "UDP transport: unicast socket, IP multicast (or one unicast per member), bundling, batched I/O",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+}
+
+// ErrMessageTooBig is returned by Down for a message that does not fit in
+// one datagram of max_bundle_size; put FRAG above the transport.
+var ErrMessageTooBig = errors.New("udp: message larger than max_bundle_size (add FRAG to the stack)")
+
+// UDP is the UDP transport.
+type UDP struct {
+	stack.TransportBase
+	cfg Config
+
+	bindIP netip.Addr
+	iface  *net.Interface
+	group  *net.UDPAddr
+
+	uc    *net.UDPConn
+	upc   *ipv4.PacketConn
+	mc    *net.UDPConn
+	mpc   *ipv4.PacketConn
+	local netip.AddrPort
+
+	cache   *addrCache
+	queue   *sendQueue
+	bufPool sync.Pool
+	sndPool sync.Pool
+
+	whoMu  sync.Mutex
+	whoHas map[stack.Address]time.Time
+
+	bundlesSent     atomic.Int64
+	bundleMsgs      atomic.Int64
+	bundleBytes     atomic.Int64
+	datagramsSent   atomic.Int64
+	datagramsRecv   atomic.Int64
+	bytesRecv       atomic.Int64
+	droppedFull     atomic.Int64
+	droppedNoPhys   atomic.Int64
+	droppedOversize atomic.Int64
+	tooBig          atomic.Int64
+	socketErrors    atomic.Int64
+	whoHasSent      atomic.Int64
+	expired         atomic.Int64
+}
+
+var _ stack.Transport = (*UDP)(nil)
+
+// New returns a UDP transport with cfg.
+func New(cfg Config) *UDP { return &UDP{cfg: cfg} }
+
+// Name returns "UDP".
+func (u *UDP) Name() string { return "UDP" }
+
+// Config returns the transport's configuration.
+func (u *UDP) Config() Config { return u.cfg }
+
+// PhysicalAddress returns the unicast socket's address (valid once started).
+func (u *UDP) PhysicalAddress() netip.AddrPort { return u.local }
+
+// Init validates the config and resolves bind_addr on this machine.
+func (u *UDP) Init() error {
+	if err := u.cfg.Validate(); err != nil {
+		return err
+	}
+	ip, ifc, err := resolveBindAddr(u.cfg.BindAddr)
+	if err != nil {
+		return fmt.Errorf("udp: %w", err)
+	}
+	u.bindIP, u.iface = ip, ifc
+	if u.cfg.IPMcast {
+		g := netip.MustParseAddr(u.cfg.McastAddr)
+		u.group = net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, uint16(u.cfg.McastPort)))
+	}
+	size := int(u.cfg.BundleSize) + 256
+	u.bufPool.New = func() any { b := make([]byte, 0, size); return &b }
+	u.sndPool.New = func() any { return &sender{u: u} }
+	return nil
+}
+
+// Start opens the sockets and starts the readers, the bundler and the cache
+// reaper.
+func (u *UDP) Start() error {
+	if err := u.openUnicast(); err != nil {
+		return err
+	}
+	if u.cfg.IPMcast {
+		if err := u.openMulticast(); err != nil {
+			_ = u.uc.Close()
+			return err
+		}
+	}
+	u.cache = newAddrCache(u.cfg.CacheExpiry)
+	u.queue = newSendQueue(u.cfg.QueueLen)
+	u.whoHas = map[stack.Address]time.Time{}
+	u.Log().Info("udp transport started", "local", u.local, "iface", u.iface.Name, "ip_mcast", u.cfg.IPMcast, "group", u.group)
+	u.Go(func(done <-chan struct{}) { u.readLoop(u.upc, done) })
+	if u.mpc != nil {
+		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, done) })
+	}
+	u.Go(func(done <-chan struct{}) { newBundler(u).run(done) })
+	u.Go(u.reapLoop)
+	return nil
+}
+
+func (u *UDP) openUnicast() error {
+	first, last := u.cfg.BindPort, u.cfg.BindPort+u.cfg.PortRange
+	if first == 0 {
+		last = 0
+	}
+	var err error
+	for port := first; port <= last; port++ {
+		u.uc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(u.bindIP, uint16(port))))
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("udp: bind %s ports %d..%d: %w", u.bindIP, first, last, err)
+	}
+	u.local = u.uc.LocalAddr().(*net.UDPAddr).AddrPort()
+	u.upc = ipv4.NewPacketConn(u.uc)
+	// Multicasts leave from the unicast socket, so receivers learn the
+	// sender's unicast address from every datagram. Pin the interface: the
+	// default route may lead off the machine.
+	steps := []struct {
+		what string
+		set  func() error
+	}{
+		{"set receive buffer", func() error { return u.uc.SetReadBuffer(int(u.cfg.UcastRecvBuf)) }},
+		{"set send buffer", func() error { return u.uc.SetWriteBuffer(int(u.cfg.UcastSendBuf)) }},
+	}
+	if u.cfg.IPMcast {
+		steps = append(steps, []struct {
+			what string
+			set  func() error
+		}{
+			{"set multicast interface", func() error { return u.upc.SetMulticastInterface(u.iface) }},
+			{"set multicast TTL", func() error { return u.upc.SetMulticastTTL(u.cfg.IPTTL) }},
+			{"set multicast loopback", func() error { return u.upc.SetMulticastLoopback(u.cfg.McastLoop) }},
+		}...)
+	}
+	for _, st := range steps {
+		if err := st.set(); err != nil {
+			_ = u.uc.Close()
+			return fmt.Errorf("udp: %s on %s: %w", st.what, u.local, err)
+		}
+	}
+	u.checkBuffers(u.uc, "unicast", int(u.cfg.UcastRecvBuf), int(u.cfg.UcastSendBuf))
+	return nil
+}
+
+func (u *UDP) openMulticast() error {
+	lc := net.ListenConfig{Control: reuseAddr}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", u.group.String())
+	if err != nil {
+		return fmt.Errorf("udp: bind multicast %s: %w", u.group, err)
+	}
+	u.mc = pc.(*net.UDPConn)
+	u.mpc = ipv4.NewPacketConn(u.mc)
+	if err := u.mpc.JoinGroup(u.iface, &net.UDPAddr{IP: u.group.IP}); err != nil {
+		_ = u.mc.Close()
+		return fmt.Errorf("udp: join %s on %s: %w", u.group.IP, u.iface.Name, err)
+	}
+	if err := u.mc.SetReadBuffer(int(u.cfg.McastRecvBuf)); err != nil {
+		_ = u.mc.Close()
+		return fmt.Errorf("udp: set multicast receive buffer: %w", err)
+	}
+	u.checkBuffers(u.mc, "multicast", int(u.cfg.McastRecvBuf), 0)
+	return nil
+}
+
+// checkBuffers logs one warning per socket if the kernel granted less
+// buffer than asked.
+func (u *UDP) checkBuffers(c *net.UDPConn, which string, wantRecv, wantSend int) {
+	recv, send, err := bufferSizes(c)
+	if err != nil || recv == 0 {
+		return
+	}
+	if recv < wantRecv || (wantSend > 0 && send < wantSend) {
+		u.Log().Warn("udp: kernel granted smaller socket buffers than configured (raise net.core.rmem_max / wmem_max)",
+			"socket", which, "recv_asked", wantRecv, "recv_granted", recv, "send_asked", wantSend, "send_granted", send)
+	}
+}
+
+// Stop closes the sockets; the readers and the bundler exit.
+func (u *UDP) Stop() {
+	if u.uc != nil {
+		_ = u.uc.Close()
+	}
+	if u.mc != nil {
+		_ = u.mc.Close()
+	}
+}
+
+func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
+	msgs := make([]ipv4.Message, u.cfg.BatchSize)
+	for i := range msgs {
+		msgs[i].Buffers = [][]byte{make([]byte, maxDatagram+1)}
+	}
+	for {
+		n, err := pc.ReadBatch(msgs, 0)
+		if err != nil {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			u.socketErrors.Add(1)
+			continue
+		}
+		for i := range n {
+			m := &msgs[i]
+			if m.N > maxDatagram {
+				u.droppedOversize.Add(1)
+				continue
+			}
+			var from netip.AddrPort
+			if ua, ok := m.Addr.(*net.UDPAddr); ok {
+				from = ua.AddrPort()
+			}
+			// The read buffers are reused; the messages alias this copy.
+			u.handleDatagram(append(make([]byte, 0, m.N), m.Buffers[0][:m.N]...), from)
+		}
+	}
+}
+
+// handleDatagram passes a received datagram to the stack and learns the
+// sender's physical address from it.
+func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
+	u.datagramsRecv.Add(1)
+	u.bytesRecv.Add(int64(len(pkt)))
+	h, ok := u.Receive(pkt)
+	if ok && from.IsValid() && !h.Src.IsZero() && u.cache != nil {
+		u.cache.learn(h.Src, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
+	}
+}
+
+func (u *UDP) reapLoop(done <-chan struct{}) {
+	t := time.NewTicker(max(u.cfg.CacheExpiry/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			u.expired.Add(int64(u.cache.expire(now)))
+			u.whoMu.Lock()
+			for a, at := range u.whoHas {
+				if now.Sub(at) > u.cfg.WhoHasTimeout {
+					delete(u.whoHas, a)
+				}
+			}
+			u.whoMu.Unlock()
+		}
+	}
+}
+
+// Down queues m for the bundler, or sends it at once if it is INTERNAL or
+// DONT_BUNDLE. A full queue blocks (honouring ctx) or, with drop_when_full
+// or the DontBlock transient flag, drops and counts.
+func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
+	local := u.LocalAddress()
+	if n := stack.BundleOverhead + len(u.Stack().Cluster()) + m.EncodedSize(local); n > int(u.cfg.BundleSize) {
+		u.tooBig.Add(1)
+		return fmt.Errorf("%w: %d bytes, max_bundle_size %d", ErrMessageTooBig, n, u.cfg.BundleSize)
+	}
+	if !u.PrepareSend(m) {
+		return nil
+	}
+	if u.queue == nil {
+		return stack.ErrNotConnected
+	}
+	if m.Flags&(stack.Internal|stack.DontBundle) != 0 {
+		s := u.getSender()
+		buf := u.getBuf()
+		*buf = stack.EncodeBundle(*buf, u.Stack().Cluster(), local, m.IsMulticast(), m)
+		u.bundlesSent.Add(1)
+		u.bundleMsgs.Add(1)
+		u.bundleBytes.Add(int64(len(*buf)))
+		s.add(buf, m.Dest)
+		s.flush()
+		u.sndPool.Put(s)
+		return nil
+	}
+	drop := u.cfg.DropFull || m.HasTransient(stack.DontBlock)
+	switch err := u.queue.put(ctx, m, drop, u.Done()); {
+	case err == errQueueFull:
+		u.droppedFull.Add(1)
+		return nil
+	case err != nil:
+		return err
+	}
+	return nil
+}
+
+// DownEvent handles the physical-address events and views.
+func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvViewChange:
+		if v, ok := ev.Arg.(*stack.View); ok && u.cache != nil {
+			u.cache.setView(v)
+		}
+	case stack.EvAddPhysicalAddress:
+		pm, ok := ev.Arg.(stack.PhysicalMapping)
+		if !ok {
+			return nil, fmt.Errorf("udp: ADD_PHYSICAL_ADDRESS with %T", ev.Arg)
+		}
+		if u.cache != nil && pm.Physical.IsValid() && pm.Logical != u.LocalAddress() {
+			u.cache.learn(pm.Logical, pm.Physical)
+		}
+		return nil, nil
+	case stack.EvGetPhysicalAddress:
+		a, _ := ev.Arg.(stack.Address)
+		if a.IsZero() || a == u.LocalAddress() {
+			return u.local, nil
+		}
+		if u.cache != nil {
+			if e := u.cache.get(a); e != nil {
+				return e.ap, nil
+			}
+		}
+		return nil, nil
+	}
+	return u.PassDownEvent(ctx, ev)
+}
+
+// askWhoHas tells discovery (an event up) that a's physical address is
+// needed, at most once per who_has_cache_timeout per address.
+func (u *UDP) askWhoHas(a stack.Address) {
+	now := time.Now()
+	u.whoMu.Lock()
+	if last, ok := u.whoHas[a]; ok && now.Sub(last) < u.cfg.WhoHasTimeout {
+		u.whoMu.Unlock()
+		return
+	}
+	u.whoHas[a] = now
+	u.whoMu.Unlock()
+	u.whoHasSent.Add(1)
+	// On its own goroutine: discovery will send, and the caller may be the
+	// bundler that has to take that message.
+	u.Go(func(<-chan struct{}) { _, _ = u.PassUpEvent(stack.Ev(stack.EvWhoHas, a)) })
+}
+
+func (u *UDP) getBuf() *[]byte {
+	b := u.bufPool.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
+}
+
+func (u *UDP) getSender() *sender { return u.sndPool.Get().(*sender) }
+
+// Stats reports the shared transport counters and UDP's own.
+func (u *UDP) Stats() []stack.Stat {
+	avg := int64(0)
+	if n := u.bundlesSent.Load(); n > 0 {
+		avg = u.bundleBytes.Load() / n
+	}
+	cacheSize := 0
+	if u.cache != nil {
+		cacheSize = u.cache.size()
+	}
+	return append(u.TransportBase.Stats(),
+		stack.Stat{Name: "bundles_sent", Value: u.bundlesSent.Load()},
+		stack.Stat{Name: "bundle_msgs_sent", Value: u.bundleMsgs.Load()},
+		stack.Stat{Name: "avg_bundle_size", Value: avg},
+		stack.Stat{Name: "datagrams_sent", Value: u.datagramsSent.Load()},
+		stack.Stat{Name: "datagrams_received", Value: u.datagramsRecv.Load()},
+		stack.Stat{Name: "bytes_received", Value: u.bytesRecv.Load()},
+		stack.Stat{Name: "dropped_queue_full", Value: u.droppedFull.Load()},
+		stack.Stat{Name: "dropped_no_physical_address", Value: u.droppedNoPhys.Load()},
+		stack.Stat{Name: "dropped_oversized", Value: u.droppedOversize.Load()},
+		stack.Stat{Name: "rejected_too_big", Value: u.tooBig.Load()},
+		stack.Stat{Name: "socket_errors", Value: u.socketErrors.Load()},
+		stack.Stat{Name: "who_has_sent", Value: u.whoHasSent.Load()},
+		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
+		stack.Stat{Name: "addr_cache_expired", Value: u.expired.Load()},
+	)
+}
