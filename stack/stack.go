@@ -348,6 +348,7 @@ func (s *Stack) Stop() {
 // Close stops the stack if needed and closes every layer, top first.
 func (s *Stack) Close() error {
 	s.Stop()
+	s.lanes.wait() // deliveries of a stack that never started (tests feed transports directly)
 	s.mu.Lock()
 	if s.state == stateClosed {
 		s.mu.Unlock()
