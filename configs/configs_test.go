@@ -2,8 +2,13 @@ package configs_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -36,4 +41,35 @@ func TestSimConfigStartsAGroup(t *testing.T) {
 			require.Empty(t, col.CheckExactlyOnce(addrs, 1, true))
 		}
 	})
+}
+
+func TestUDPConfigStartsAGroupOnLoopback(t *testing.T) {
+	t.Setenv("STRATA_BIND_PORT", "0")
+	t.Setenv("STRATA_MCAST_ADDR", fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)))
+	t.Setenv("STRATA_MCAST_PORT", strconv.Itoa(freePort(t)))
+	var chs []*stack.Channel
+	var cols []*stacktest.Collector
+	for _, name := range []string{"A", "B"} {
+		col := stacktest.NewCollector()
+		ch, err := stack.NewChannelFromFS(configs.FS, "udp.toml", stack.WithName(name), stack.WithReceiver(col))
+		require.NoError(t, err)
+		require.NoError(t, ch.Connect(context.Background(), "udp-demo"))
+		t.Cleanup(func() { _ = ch.Close() })
+		chs, cols = append(chs, ch), append(cols, col)
+	}
+	for i, ch := range chs {
+		require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, 0, 8))))
+	}
+	addrs := []stack.Address{chs[0].Address(), chs[1].Address()}
+	for _, col := range cols {
+		stacktest.WaitFor(t, 10*time.Second, func() bool { return col.Len() == 2 }, "both multicasts arrive")
+		require.Empty(t, col.CheckExactlyOnce(addrs, 1, true))
+	}
+}
+
+func freePort(t *testing.T) int {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
 }
