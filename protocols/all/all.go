@@ -8,4 +8,5 @@ import (
 	_ "github.com/strata-go/strata/protocols/discard"
 	_ "github.com/strata-go/strata/protocols/sim"
 	_ "github.com/strata-go/strata/protocols/udp"
+	_ "github.com/strata-go/strata/protocols/unicast2"
 )

@@ -50,6 +50,17 @@ func LogSeedOnFailure(t testing.TB, seed uint64) {
 	})
 }
 
+// Seeds returns how many seeds a randomised test should run: $STRATA_SEEDS
+// if set (for long local runs), else def.
+func Seeds(def uint64) uint64 {
+	if s := os.Getenv("STRATA_SEEDS"); s != "" {
+		if v, err := strconv.ParseUint(s, 10, 64); err == nil && v > 0 {
+			return v
+		}
+	}
+	return def
+}
+
 var netCounter atomic.Int64
 
 // NewNetwork creates a SIM network with a unique name and seed, closed when

@@ -1,0 +1,716 @@
+// Package unicast2 is UNICAST2: reliable, FIFO-per-sender unicast with
+// negative acknowledgements, after JGroups' UNICAST2, with the
+// unilateral-close bug JGRP-1873 fixed.
+//
+// The fix has three parts. A receiver that closes a connection keeps a
+// tombstone of it (connection id, highest delivered) for conn_close_timeout,
+// so a resync on the same connection continues after what was delivered
+// instead of delivering it again. Every STABLE and SEND_FIRST_SEQNO carries
+// a per-receiver timestamp, and a sender ignores any that is older than the
+// newest it has seen from that receiver (JGroups JGRP-1875), so a STABLE
+// produced before a resync can never purge messages the new receive window
+// needs. And a receiver sends its pending STABLE before it closes a
+// connection. SEND_FIRST_SEQNO is rate-limited per peer (JGRP-1874).
+package unicast2
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures UNICAST2.
+type Config struct {
+	XmitInterval     time.Duration `toml:"xmit_interval" doc:"how often receivers ask for missing messages and senders check for unacknowledged ones"`
+	StableInterval   time.Duration `toml:"stable_interval" doc:"how often a receiver sends STABLE (highest delivered, highest received) to each sender"`
+	MaxStableMsgs    int           `toml:"max_stable_msgs" doc:"periodic STABLEs sent with unchanged values before a receiver stops repeating them"`
+	MaxBytes         stack.Size    `toml:"max_bytes" doc:"bytes received from a sender after which a STABLE is sent at once"`
+	MaxXmitReq       int           `toml:"max_xmit_req" doc:"most missing seqnos asked for in one XMIT_REQ"`
+	ConnExpiry       time.Duration `toml:"conn_expiry_timeout" doc:"idle connections are closed after this long (0: never)"`
+	ConnCloseTimeout time.Duration `toml:"conn_close_timeout" doc:"how long a receiver remembers a closed connection, so a resync does not deliver twice"`
+	SyncMinInterval  time.Duration `toml:"sync_min_interval" doc:"least time between two SEND_FIRST_SEQNO requests to the same sender"`
+}
+
+// DefaultConfig returns UNICAST2's defaults.
+func DefaultConfig() Config {
+	return Config{
+		XmitInterval: 500 * time.Millisecond, StableInterval: 5 * time.Second, MaxStableMsgs: 5,
+		MaxBytes: 10_000_000, MaxXmitReq: 1024,
+		ConnExpiry: 2 * time.Minute, ConnCloseTimeout: 4 * time.Minute, SyncMinInterval: 2 * time.Second,
+	}
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.XmitInterval <= 0:
+		return stack.BadKey("xmit_interval", "must be > 0, got %s", c.XmitInterval)
+	case c.StableInterval <= 0:
+		return stack.BadKey("stable_interval", "must be > 0, got %s", c.StableInterval)
+	case c.MaxStableMsgs < 1:
+		return stack.BadKey("max_stable_msgs", "must be >= 1, got %d", c.MaxStableMsgs)
+	case c.MaxBytes <= 0:
+		return stack.BadKey("max_bytes", "must be > 0, got %d", c.MaxBytes)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > maxMissingOnWire:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", maxMissingOnWire, c.MaxXmitReq)
+	case c.ConnExpiry < 0:
+		return stack.BadKey("conn_expiry_timeout", "must not be negative (0 disables), got %s", c.ConnExpiry)
+	case c.ConnCloseTimeout <= 0:
+		return stack.BadKey("conn_close_timeout", "must be > 0, got %s", c.ConnCloseTimeout)
+	case c.SyncMinInterval < 0:
+		return stack.BadKey("sync_min_interval", "must not be negative, got %s", c.SyncMinInterval)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "UNICAST2", ID: stack.IDUNICAST2,
+		Doc:      "reliable FIFO unicast with negative acks (JGroups UNICAST2, JGRP-1873 fixed)",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+}
+
+// Unicast2 is the UNICAST2 protocol.
+type Unicast2 struct {
+	stack.Base
+	cfg Config
+
+	mu       sync.Mutex
+	send     map[stack.Address]*sendEntry
+	recv     map[stack.Address]*recvEntry
+	tombs    map[stack.Address]tombstone
+	syncSent map[stack.Address]time.Time
+	nextConn uint16
+
+	clock atomic.Uint32 // this member's timestamps, as a receiver
+
+	fixOff bool // tests only: behave like JGroups' UNICAST2 (no tombstones, no timestamps, no final STABLE)
+
+	st stats
+}
+
+type stats struct {
+	sent, received, delivered, duplicates          atomic.Int64
+	xmitReqSent, xmitReqRecv, xmits, xmitMissing   atomic.Int64
+	firstSent, firstRecv, firstStale, firstDropped atomic.Int64
+	stableSent, stableRecv, stableStale            atomic.Int64
+	resends, closed, reaped                        atomic.Int64
+}
+
+// sendEntry is the send window to one destination: seqnos low..next-1 are
+// not yet stable and kept for retransmission.
+type sendEntry struct {
+	connID   uint16
+	low      uint64 // lowest unstable seqno
+	next     uint64 // next seqno to send
+	msgs     []*stack.Message
+	lastTS   uint32
+	haveTS   bool
+	acked    bool          // a STABLE for this connection has arrived
+	progress time.Time     // last STABLE that advanced, last send into an empty window, or last resend
+	backoff  time.Duration // wait without progress before the next resend; doubles per resend
+	used     time.Time
+}
+
+// recvEntry is the receive window from one source: seqnos below next are
+// delivered; buf holds what arrived above.
+type recvEntry struct {
+	connID     uint16
+	next       uint64
+	highest    uint64
+	buf        map[uint64]*stack.Message // nil value: an OOB message already delivered
+	bytes      int64
+	lastHD     uint64
+	lastHR     uint64
+	sameStable int
+	removing   bool
+	used       time.Time
+}
+
+type tombstone struct {
+	connID uint16
+	hd     uint64
+	at     time.Time
+}
+
+var _ stack.Protocol = (*Unicast2)(nil)
+
+// New returns a UNICAST2 layer.
+func New(cfg Config) *Unicast2 {
+	return &Unicast2{
+		cfg: cfg, send: map[stack.Address]*sendEntry{}, recv: map[stack.Address]*recvEntry{},
+		tombs: map[stack.Address]tombstone{}, syncSent: map[stack.Address]time.Time{},
+		nextConn: uint16(rand.Uint32()),
+	}
+}
+
+// Name returns "UNICAST2".
+func (u *Unicast2) Name() string { return "UNICAST2" }
+
+// Init validates the config.
+func (u *Unicast2) Init() error { return u.cfg.Validate() }
+
+// Start starts the retransmission and stable timers.
+func (u *Unicast2) Start() error {
+	u.Go(func(done <-chan struct{}) { u.every(u.cfg.XmitInterval, done, u.xmitTask) })
+	u.Go(func(done <-chan struct{}) { u.every(u.cfg.StableInterval, done, func() { u.sendStables(false) }) })
+	return nil
+}
+
+// Stop forgets every connection (a reconnect is a new member).
+func (u *Unicast2) Stop() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	clear(u.send)
+	clear(u.recv)
+	clear(u.tombs)
+	clear(u.syncSent)
+}
+
+func (u *Unicast2) every(d time.Duration, done <-chan struct{}, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			f()
+		}
+	}
+}
+
+// newer reports whether timestamp a is after b, across wrap-around.
+func newer(a, b uint32) bool { return int32(a-b) > 0 }
+
+// ---- sending ----
+
+// Down numbers unicasts and keeps them until they are stable. Multicasts,
+// NO_RELIABILITY messages and unicasts to self pass untouched.
+func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
+	if m.IsMulticast() || m.Has(stack.NoReliability) || m.Dest == u.LocalAddress() {
+		return u.PassDown(ctx, m)
+	}
+	now := time.Now()
+	u.mu.Lock()
+	e := u.send[m.Dest]
+	if e == nil {
+		u.nextConn++
+		e = &sendEntry{connID: u.nextConn, low: 1, next: 1, progress: now}
+		u.send[m.Dest] = e
+	}
+	seq := e.next
+	e.next++
+	if len(e.msgs) == 0 {
+		e.progress = now
+	}
+	e.used = now
+	m.PutHeader(u.ID(), &Header{Type: typeData, Seqno: seq, ConnID: e.connID, First: seq == 1})
+	e.msgs = append(e.msgs, m)
+	u.mu.Unlock()
+	u.st.sent.Add(1)
+	return u.PassDown(ctx, m)
+}
+
+// control sends a UNICAST2 control message on the internal lane.
+func (u *Unicast2) control(dest stack.Address, h *Header) {
+	m := stack.NewMessage(dest, nil).Set(stack.Internal)
+	m.PutHeader(u.ID(), h)
+	_ = u.PassDown(context.Background(), m)
+}
+
+func (u *Unicast2) resend(m *stack.Message) {
+	u.st.xmits.Add(1)
+	_ = u.PassDown(context.Background(), m)
+}
+
+// asFirst returns a copy of m marked as the first message of its connection.
+func (u *Unicast2) asFirst(m *stack.Message) *stack.Message {
+	h := *m.Header(u.ID()).(*Header)
+	h.First = true
+	c := m.Copy()
+	c.PutHeader(u.ID(), &h)
+	return c
+}
+
+func (u *Unicast2) handleStable(src stack.Address, h *Header) {
+	u.st.stableRecv.Add(1)
+	var resend []*stack.Message
+	u.mu.Lock()
+	e := u.send[src]
+	if e == nil || e.connID != h.ConnID {
+		u.mu.Unlock()
+		return
+	}
+	if !u.fixOff {
+		if e.haveTS && !newer(h.Timestamp, e.lastTS) {
+			u.mu.Unlock()
+			u.st.stableStale.Add(1)
+			return
+		}
+		e.lastTS, e.haveTS = h.Timestamp, true
+	}
+	e.acked = true
+	if h.HD >= e.low {
+		n := min(h.HD, e.next-1) - e.low + 1
+		clear(e.msgs[:n])
+		e.msgs = e.msgs[n:]
+		e.low += n
+		e.progress = time.Now()
+		e.backoff = 0
+	}
+	// Resend what lies above what the receiver has: a lost last message is
+	// recovered this way.
+	if h.HR+1 < e.next {
+		for s := max(h.HR+1, e.low); s < e.next; s++ {
+			resend = append(resend, e.msgs[s-e.low])
+		}
+	}
+	u.mu.Unlock()
+	for _, m := range resend {
+		u.resend(m)
+	}
+}
+
+func (u *Unicast2) handleSendFirstSeqno(src stack.Address, h *Header) {
+	u.st.firstRecv.Add(1)
+	u.mu.Lock()
+	e := u.send[src]
+	if e == nil {
+		u.mu.Unlock()
+		return
+	}
+	if !u.fixOff {
+		if e.haveTS && !newer(h.Timestamp, e.lastTS) {
+			u.mu.Unlock()
+			u.st.firstStale.Add(1)
+			return
+		}
+		e.lastTS, e.haveTS = h.Timestamp, true
+	}
+	if len(e.msgs) == 0 {
+		u.mu.Unlock()
+		return
+	}
+	first := u.asFirst(e.msgs[0])
+	rest := slices.Clone(e.msgs[1:])
+	u.mu.Unlock()
+	u.resend(first)
+	for _, m := range rest {
+		u.resend(m)
+	}
+}
+
+func (u *Unicast2) handleXmitReq(src stack.Address, h *Header) {
+	u.st.xmitReqRecv.Add(1)
+	var out []*stack.Message
+	u.mu.Lock()
+	e := u.send[src]
+	if e == nil || e.connID != h.ConnID {
+		u.mu.Unlock()
+		return
+	}
+	for _, s := range h.Missing {
+		switch {
+		case s >= e.low && s < e.next:
+			out = append(out, e.msgs[s-e.low])
+		case s < e.low:
+			u.st.xmitMissing.Add(1) // asked for a message this sender already purged
+		}
+	}
+	u.mu.Unlock()
+	for _, m := range out {
+		u.resend(m)
+	}
+}
+
+// ---- receiving ----
+
+// Up handles one message carrying a UNICAST2 header.
+func (u *Unicast2) Up(m *stack.Message) {
+	if u.handle(m) {
+		u.deliverFrom(m.Src)
+	}
+}
+
+// UpBatch handles the batch's UNICAST2 messages under one pass and delivers
+// in-order messages as batches; other messages go up as they are.
+func (u *Unicast2) UpBatch(b *stack.Batch) {
+	srcs := map[stack.Address]bool{}
+	b.Keep(func(m *stack.Message) bool {
+		if m.Header(u.ID()) == nil {
+			return true
+		}
+		if u.handle(m) {
+			srcs[m.Src] = true
+		}
+		return false
+	})
+	u.PassUpBatch(b)
+	for s := range srcs {
+		u.deliverFrom(s)
+	}
+}
+
+// handle processes m and reports whether messages from m.Src may now be
+// deliverable in order.
+func (u *Unicast2) handle(m *stack.Message) bool {
+	h, ok := m.Header(u.ID()).(*Header)
+	if !ok {
+		u.PassUp(m)
+		return false
+	}
+	switch h.Type {
+	case typeData:
+		return u.handleData(m, h)
+	case typeStable:
+		u.handleStable(m.Src, h)
+	case typeSendFirstSeqno:
+		u.handleSendFirstSeqno(m.Src, h)
+	case typeXmitReq:
+		u.handleXmitReq(m.Src, h)
+	}
+	return false
+}
+
+func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
+	u.st.received.Add(1)
+	src := m.Src
+	now := time.Now()
+	u.mu.Lock()
+	e := u.recv[src]
+	if e == nil || e.connID != h.ConnID {
+		if !h.First {
+			ask := u.mayAskFirst(src, now)
+			u.mu.Unlock()
+			u.st.firstDropped.Add(1)
+			if ask {
+				u.askFirst(src)
+			}
+			return false
+		}
+		start := h.Seqno
+		if t, ok := u.tombs[src]; ok && !u.fixOff && t.connID == h.ConnID && t.hd >= start {
+			start = t.hd + 1 // continue after what the closed connection delivered
+		}
+		delete(u.tombs, src)
+		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
+		u.recv[src] = e
+	}
+	e.used = now
+	if _, dup := e.buf[h.Seqno]; dup || h.Seqno < e.next {
+		u.mu.Unlock()
+		u.st.duplicates.Add(1)
+		return false
+	}
+	oob := m.Has(stack.OOB)
+	if oob {
+		e.buf[h.Seqno] = nil
+	} else {
+		e.buf[h.Seqno] = m
+	}
+	e.highest = max(e.highest, h.Seqno)
+	e.bytes += int64(len(m.Payload))
+	stableNow := e.bytes >= int64(u.cfg.MaxBytes)
+	var sh *Header
+	if stableNow {
+		sh = u.stableHeader(e)
+	}
+	u.mu.Unlock()
+	if sh != nil {
+		u.sendStable(src, sh)
+	}
+	if oob && m.SetTransientIfAbsent(stack.OOBDelivered) {
+		u.st.delivered.Add(1)
+		u.PassUp(m)
+	}
+	return true
+}
+
+// deliverFrom passes up, in order, what can be delivered from src. One
+// goroutine at a time delivers per source; others leave their messages to it.
+func (u *Unicast2) deliverFrom(src stack.Address) {
+	u.mu.Lock()
+	e := u.recv[src]
+	if e == nil || e.removing {
+		u.mu.Unlock()
+		return
+	}
+	e.removing = true
+	finished := false
+	defer func() {
+		if !finished {
+			u.mu.Lock()
+			e.removing = false
+			u.mu.Unlock()
+		}
+	}()
+	for {
+		if u.recv[src] != e { // closed meanwhile: its messages are not delivered
+			e.removing = false
+			finished = true
+			u.mu.Unlock()
+			return
+		}
+		var msgs []*stack.Message
+		for {
+			m, ok := e.buf[e.next]
+			if !ok {
+				break
+			}
+			delete(e.buf, e.next)
+			e.next++
+			if m != nil {
+				msgs = append(msgs, m)
+			}
+		}
+		if len(msgs) == 0 {
+			e.removing = false
+			finished = true
+			u.mu.Unlock()
+			return
+		}
+		u.mu.Unlock()
+		u.st.delivered.Add(int64(len(msgs)))
+		if len(msgs) == 1 {
+			u.PassUp(msgs[0])
+		} else {
+			u.PassUpBatch(&stack.Batch{Src: src, Dest: u.LocalAddress(), Lane: stack.LaneRegular, Msgs: msgs})
+		}
+		u.mu.Lock()
+	}
+}
+
+// mayAskFirst applies the SEND_FIRST_SEQNO rate limit; callers hold u.mu.
+func (u *Unicast2) mayAskFirst(src stack.Address, now time.Time) bool {
+	if last, ok := u.syncSent[src]; ok && now.Sub(last) < u.cfg.SyncMinInterval {
+		return false
+	}
+	u.syncSent[src] = now
+	return true
+}
+
+func (u *Unicast2) askFirst(src stack.Address) {
+	u.st.firstSent.Add(1)
+	u.control(src, &Header{Type: typeSendFirstSeqno, Timestamp: u.clock.Add(1)})
+}
+
+// stableHeader builds a STABLE for e and resets its byte count; callers
+// hold u.mu.
+func (u *Unicast2) stableHeader(e *recvEntry) *Header {
+	e.bytes = 0
+	hd, hr := e.next-1, max(e.highest, e.next-1)
+	if hd == e.lastHD && hr == e.lastHR {
+		e.sameStable++
+	} else {
+		e.lastHD, e.lastHR, e.sameStable = hd, hr, 0
+	}
+	return &Header{Type: typeStable, ConnID: e.connID, HD: hd, HR: hr, Timestamp: u.clock.Add(1)}
+}
+
+func (u *Unicast2) sendStable(dest stack.Address, h *Header) {
+	u.st.stableSent.Add(1)
+	u.control(dest, h)
+}
+
+// sendStables sends a STABLE to every sender (periodically, skipping those
+// repeated max_stable_msgs times unchanged, unless all is set).
+func (u *Unicast2) sendStables(all bool) {
+	type out struct {
+		dest stack.Address
+		h    *Header
+	}
+	var outs []out
+	u.mu.Lock()
+	for src, e := range u.recv {
+		if !all && e.sameStable >= u.cfg.MaxStableMsgs && e.next-1 == e.lastHD && max(e.highest, e.next-1) == e.lastHR {
+			continue
+		}
+		outs = append(outs, out{src, u.stableHeader(e)})
+	}
+	u.mu.Unlock()
+	for _, o := range outs {
+		u.sendStable(o.dest, o.h)
+	}
+}
+
+// SendStables sends a STABLE to every sender now (JGroups'
+// sendPendingAcks); tests use it to place STABLEs exactly.
+func (u *Unicast2) SendStables() { u.sendStables(true) }
+
+// xmitTask asks senders for missing messages, resends the newest message of
+// send windows that have made no progress, and reaps idle connections.
+func (u *Unicast2) xmitTask() {
+	now := time.Now()
+	type req struct {
+		dest stack.Address
+		h    *Header
+	}
+	var reqs []req
+	var resend []*stack.Message
+	var closeRecv []stack.Address
+	u.mu.Lock()
+	for src, e := range u.recv {
+		var missing []uint64
+		for s := e.next; s <= e.highest && len(missing) < u.cfg.MaxXmitReq; s++ {
+			if _, ok := e.buf[s]; !ok {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) > 0 {
+			reqs = append(reqs, req{src, &Header{Type: typeXmitReq, ConnID: e.connID, Missing: missing}})
+		} else if u.cfg.ConnExpiry > 0 && now.Sub(e.used) > u.cfg.ConnExpiry {
+			closeRecv = append(closeRecv, src)
+		}
+	}
+	for dest, e := range u.send {
+		if len(e.msgs) == 0 {
+			if u.cfg.ConnExpiry > 0 && now.Sub(e.used) > u.cfg.ConnExpiry {
+				delete(u.send, dest)
+				u.st.reaped.Add(1)
+			}
+			continue
+		}
+		if e.backoff == 0 {
+			e.backoff = 2 * u.cfg.XmitInterval
+		}
+		if now.Sub(e.progress) >= e.backoff {
+			// No STABLE for a while: the last message (or the only, first
+			// one) may be lost. Back off so an idle receiver whose STABLEs
+			// are slow costs only a few resends per stable_interval.
+			e.progress = now
+			e.backoff = min(2*e.backoff, 2*u.cfg.StableInterval)
+			if e.acked {
+				resend = append(resend, e.msgs[len(e.msgs)-1])
+			} else {
+				resend = append(resend, u.asFirst(e.msgs[0]))
+			}
+		}
+	}
+	for src, t := range u.tombs {
+		if now.Sub(t.at) > u.cfg.ConnCloseTimeout {
+			delete(u.tombs, src)
+		}
+	}
+	for src, at := range u.syncSent {
+		if now.Sub(at) > u.cfg.SyncMinInterval {
+			delete(u.syncSent, src)
+		}
+	}
+	u.mu.Unlock()
+	for _, r := range reqs {
+		u.st.xmitReqSent.Add(1)
+		u.control(r.dest, r.h)
+	}
+	for _, m := range resend {
+		u.st.resends.Add(1)
+		u.resend(m)
+	}
+	for _, src := range closeRecv {
+		u.st.reaped.Add(1)
+		u.CloseReceiveConnection(src)
+	}
+}
+
+// CloseReceiveConnection closes the receive window from src, as when src
+// leaves the view: it sends the pending STABLE first and remembers the
+// connection, so a resync continues after what was delivered.
+func (u *Unicast2) CloseReceiveConnection(src stack.Address) {
+	u.mu.Lock()
+	e := u.recv[src]
+	if e == nil {
+		u.mu.Unlock()
+		return
+	}
+	delete(u.recv, src)
+	var sh *Header
+	if !u.fixOff {
+		sh = u.stableHeader(e)
+		u.tombs[src] = tombstone{connID: e.connID, hd: e.next - 1, at: time.Now()}
+	}
+	u.mu.Unlock()
+	u.st.closed.Add(1)
+	if sh != nil {
+		u.sendStable(src, sh)
+	}
+}
+
+// CloseSendConnection drops the send window to dest; the next message to
+// dest opens a new connection.
+func (u *Unicast2) CloseSendConnection(dest stack.Address) {
+	u.mu.Lock()
+	delete(u.send, dest)
+	u.mu.Unlock()
+}
+
+// DownEvent closes the connections of members that left the view.
+func (u *Unicast2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	if ev.Type == stack.EvViewChange {
+		if v, ok := ev.Arg.(*stack.View); ok {
+			u.viewChange(v)
+		}
+	}
+	return u.PassDownEvent(ctx, ev)
+}
+
+func (u *Unicast2) viewChange(v *stack.View) {
+	var gone []stack.Address
+	u.mu.Lock()
+	for a := range u.recv {
+		if !v.Contains(a) {
+			gone = append(gone, a)
+		}
+	}
+	for a := range u.send {
+		if !v.Contains(a) {
+			delete(u.send, a)
+		}
+	}
+	u.mu.Unlock()
+	for _, a := range gone {
+		u.CloseReceiveConnection(a)
+	}
+}
+
+// Stats reports UNICAST2's counters.
+func (u *Unicast2) Stats() []stack.Stat {
+	u.mu.Lock()
+	nsend, nrecv, ntomb := len(u.send), len(u.recv), len(u.tombs)
+	var held int64
+	for _, e := range u.send {
+		held += int64(len(e.msgs))
+	}
+	u.mu.Unlock()
+	s := &u.st
+	return []stack.Stat{
+		{Name: "msgs_sent", Value: s.sent.Load()},
+		{Name: "msgs_received", Value: s.received.Load()},
+		{Name: "msgs_delivered", Value: s.delivered.Load()},
+		{Name: "duplicates", Value: s.duplicates.Load()},
+		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
+		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
+		{Name: "retransmissions", Value: s.xmits.Load()},
+		{Name: "xmit_reqs_for_purged", Value: s.xmitMissing.Load()},
+		{Name: "send_first_seqno_sent", Value: s.firstSent.Load()},
+		{Name: "send_first_seqno_received", Value: s.firstRecv.Load()},
+		{Name: "send_first_seqno_stale", Value: s.firstStale.Load()},
+		{Name: "dropped_unknown_connection", Value: s.firstDropped.Load()},
+		{Name: "stables_sent", Value: s.stableSent.Load()},
+		{Name: "stables_received", Value: s.stableRecv.Load()},
+		{Name: "stale_stables_ignored", Value: s.stableStale.Load()},
+		{Name: "resends_of_unacked", Value: s.resends.Load()},
+		{Name: "connections_closed", Value: s.closed.Load()},
+		{Name: "connections_reaped", Value: s.reaped.Load()},
+		{Name: "send_connections", Value: int64(nsend)},
+		{Name: "receive_connections", Value: int64(nrecv)},
+		{Name: "closed_connections_remembered", Value: int64(ntomb)},
+		{Name: "msgs_held_for_retransmission", Value: held},
+	}
+}
