@@ -341,3 +341,61 @@ func (c *Collector) CheckExactlyOnce(senders []stack.Address, n int, fifo bool) 
 	}
 	return ""
 }
+
+// Window bounds the messages a benchmark has in flight, as flow control
+// does in a full stack, so a sender cannot outrun its receiver into kernel
+// drops. The receiver calls Got for each message; the sender calls Await
+// before each send.
+type Window struct {
+	Size int64
+	n    atomic.Int64
+	wake chan struct{}
+}
+
+// NewWindow returns a window of size messages.
+func NewWindow(size int64) *Window { return &Window{Size: size, wake: make(chan struct{}, 1)} }
+
+// Got counts one received message.
+func (w *Window) Got() {
+	if w.n.Add(1)%64 == 0 {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Received returns the messages counted so far.
+func (w *Window) Received() int64 { return w.n.Load() }
+
+// Await blocks while more than Size of sent messages are unreceived.
+func (w *Window) Await(sent int64) {
+	for sent-w.n.Load() > w.Size {
+		select {
+		case <-w.wake:
+		case <-time.After(10 * time.Millisecond): // lost messages never wake us
+		}
+	}
+}
+
+// Settle waits until Received reaches want or stops growing for quiet, and
+// returns it (for benchmarks over lossy transports).
+func (w *Window) Settle(want int64, quiet time.Duration) int64 {
+	last, since := w.Received(), time.Now()
+	for last < want && time.Since(since) < quiet {
+		time.Sleep(time.Millisecond)
+		if n := w.Received(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return last
+}
+
+// WindowReceiver counts messages into a Window.
+type WindowReceiver struct{ W *Window }
+
+// Receive counts m.
+func (r WindowReceiver) Receive(*stack.Message) { r.W.Got() }
+
+// ViewAccepted does nothing.
+func (r WindowReceiver) ViewAccepted(*stack.View) {}
