@@ -118,4 +118,3 @@ func BenchmarkUDPLoopback1KB(b *testing.B) {
 	}
 	b.ReportMetric(float64(got)/el.Seconds(), "msgs/s")
 }
-
