@@ -63,6 +63,10 @@ const (
 	EvGetLocalAddress
 	// EvConfig (up and down): a map of settings a protocol advertises.
 	EvConfig
+	// EvStable (down): every member has delivered up to the given seqnos;
+	// reliable-multicast layers purge them. Arg: the digest type of the
+	// reliable-multicast protocol.
+	EvStable
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -74,7 +78,7 @@ var eventNames = map[EventType]string{
 	EvGetDigest: "GET_DIGEST", EvSetDigest: "SET_DIGEST", EvFindMembers: "FIND_MBRS",
 	EvGetPhysicalAddress: "GET_PHYSICAL_ADDRESS", EvAddPhysicalAddress: "ADD_PHYSICAL_ADDRESS",
 	EvWhoHas: "WHO_HAS", EvStartFlush: "START_FLUSH", EvStopFlush: "STOP_FLUSH",
-	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG",
+	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
 }
 
 func (t EventType) String() string {

@@ -115,9 +115,12 @@ func (s *SIM) Down(ctx context.Context, m *stack.Message) error {
 	if n == nil {
 		return stack.ErrNotConnected
 	}
-	pkt := stack.EncodeBundle(make([]byte, 0, stack.BundleOverhead+len(s.Stack().Cluster())+m.EncodedSize(m.Src)),
-		s.Stack().Cluster(), m.Src, m.IsMulticast(), m)
-	n.send(m.Src, m.Dest, pkt, m)
+	// The bundle's source is this member, also for messages it forwards on
+	// behalf of others (retransmissions).
+	self := s.LocalAddress()
+	pkt := stack.EncodeBundle(make([]byte, 0, stack.BundleOverhead+len(s.Stack().Cluster())+m.EncodedSize(self)),
+		s.Stack().Cluster(), self, m.IsMulticast(), m)
+	n.send(self, m.Dest, pkt, m)
 	return nil
 }
 

@@ -1,0 +1,174 @@
+package nakack
+
+import (
+	"fmt"
+
+	"github.com/strata-go/strata/stack"
+)
+
+type hdrType uint8
+
+const (
+	typeMsg hdrType = iota
+	typeXmitReq
+	typeXmitRsp
+	typeHighestSeqno
+	numTypes
+)
+
+var typeNames = [...]string{"MSG", "XMIT_REQ", "XMIT_RSP", "HIGHEST_SEQNO"}
+
+func (t hdrType) String() string {
+	if t < numTypes {
+		return typeNames[t]
+	}
+	return fmt.Sprintf("type(%d)", t)
+}
+
+const maxMissingOnWire = 8192
+
+// Header is NAKACK's header.
+//
+//	MSG, XMIT_RSP:  seqno (an XMIT_RSP is a retransmitted copy; its source is the original sender)
+//	XMIT_REQ:       original sender, missing seqnos (delta encoded)
+//	HIGHEST_SEQNO:  the sender's highest seqno (recovers a lost last message)
+type Header struct {
+	Type    hdrType
+	Seqno   uint64
+	Sender  stack.Address
+	Missing []uint64
+}
+
+func (h *Header) String() string {
+	switch h.Type {
+	case typeXmitReq:
+		return fmt.Sprintf("XMIT_REQ(%s %v)", h.Sender, h.Missing)
+	default:
+		return fmt.Sprintf("%s(#%d)", h.Type, h.Seqno)
+	}
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	if h.Type != typeXmitReq {
+		return 1 + stack.UvarintSize(h.Seqno)
+	}
+	n := 1 + stack.AddressSize + stack.UvarintSize(uint64(len(h.Missing)))
+	prev := uint64(0)
+	for _, s := range h.Missing {
+		n += stack.UvarintSize(s - prev)
+		prev = s
+	}
+	return n
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = append(b, byte(h.Type))
+	if h.Type != typeXmitReq {
+		return stack.AppendUvarint(b, h.Seqno)
+	}
+	b = stack.AppendAddress(b, h.Sender)
+	b = stack.AppendUvarint(b, uint64(len(h.Missing)))
+	prev := uint64(0)
+	for _, s := range h.Missing {
+		b = stack.AppendUvarint(b, s-prev)
+		prev = s
+	}
+	return b
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: hdrType(r.Uint8())}
+	switch h.Type {
+	case typeMsg, typeXmitRsp, typeHighestSeqno:
+		h.Seqno = r.Uvarint()
+	case typeXmitReq:
+		h.Sender = r.Address()
+		n := r.Uvarint()
+		if n > maxMissingOnWire || n > uint64(r.Len()) {
+			r.Fail("XMIT_REQ with %d seqnos", n)
+			break
+		}
+		h.Missing = make([]uint64, n)
+		prev := uint64(0)
+		for i := range h.Missing {
+			d := r.Uvarint()
+			if i > 0 && d == 0 {
+				r.Fail("XMIT_REQ seqnos not increasing")
+			}
+			prev += d
+			h.Missing[i] = prev
+		}
+	default:
+		r.Fail("unknown NAKACK header type %d", h.Type)
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func init() {
+	stack.RegisterHeader(stack.HeaderType{
+		ID: stack.IDNAKACK, Name: "NAKACK", Decode: decodeHeader,
+		Samples: func() []stack.Header {
+			return []stack.Header{
+				&Header{Type: typeMsg, Seqno: 1},
+				&Header{Type: typeXmitRsp, Seqno: 1 << 50},
+				&Header{Type: typeHighestSeqno, Seqno: 77},
+				&Header{Type: typeXmitReq, Sender: stack.NewAddress(), Missing: []uint64{3, 4, 1000}},
+				&Header{Type: typeXmitReq, Sender: stack.NewAddress(), Missing: []uint64{}},
+			}
+		},
+	})
+}
+
+// DigestEntry is what one member knows of one sender's multicasts.
+type DigestEntry struct {
+	Member           stack.Address
+	HighestDelivered uint64
+	HighestReceived  uint64
+}
+
+// Digest is, per sender, the highest seqno delivered and received here;
+// joiners and flush set it, STABLE gossips it.
+type Digest []DigestEntry
+
+// Get returns the entry of member.
+func (d Digest) Get(member stack.Address) (DigestEntry, bool) {
+	for _, e := range d {
+		if e.Member == member {
+			return e, true
+		}
+	}
+	return DigestEntry{}, false
+}
+
+// AppendDigest appends the wire encoding of d.
+func AppendDigest(b []byte, d Digest) []byte {
+	b = stack.AppendUvarint(b, uint64(len(d)))
+	for _, e := range d {
+		b = stack.AppendAddress(b, e.Member)
+		b = stack.AppendUvarint(b, e.HighestDelivered)
+		b = stack.AppendUvarint(b, e.HighestReceived)
+	}
+	return b
+}
+
+// ReadDigest decodes a digest written by AppendDigest.
+func ReadDigest(r *stack.Reader) Digest {
+	n := r.Uvarint()
+	if n > 1<<16 || n*stack.AddressSize > uint64(r.Len()) {
+		r.Fail("digest of %d members", n)
+		return nil
+	}
+	d := make(Digest, n)
+	for i := range d {
+		d[i] = DigestEntry{Member: r.Address(), HighestDelivered: r.Uvarint(), HighestReceived: r.Uvarint()}
+	}
+	if r.Err() != nil {
+		return nil
+	}
+	return d
+}

@@ -1,0 +1,516 @@
+// Package nakack is NAKACK: reliable, FIFO-per-sender multicast with
+// negative acknowledgements, after JGroups' NAKACK2. Every member keeps a
+// table per sender (its own included) of the messages not yet stable, so it
+// can retransmit them for the sender and for a flush; STABLE purges them.
+package nakack
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures NAKACK.
+type Config struct {
+	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask for missing messages (and idle senders announce their highest seqno)"`
+	MaxXmitReq   int           `toml:"max_xmit_req" doc:"most missing seqnos asked for in one XMIT_REQ"`
+}
+
+// DefaultConfig returns NAKACK's defaults.
+func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 1024} }
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.XmitInterval <= 0:
+		return stack.BadKey("xmit_interval", "must be > 0, got %s", c.XmitInterval)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > maxMissingOnWire:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", maxMissingOnWire, c.MaxXmitReq)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "NAKACK", ID: stack.IDNAKACK,
+		Doc:      "reliable FIFO multicast with negative acks, digests for joiners and flush (JGroups NAKACK2)",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+}
+
+// NAKACK is the NAKACK protocol.
+type NAKACK struct {
+	stack.Base
+	cfg Config
+
+	mu       sync.Mutex
+	tables   map[stack.Address]*table
+	view     *stack.View
+	seqno    uint64 // last seqno this member sent
+	lastSent uint64 // seqno at the previous xmit run, for HIGHEST_SEQNO
+	backoff  time.Duration
+	lastHS   time.Time
+
+	st stats
+}
+
+type stats struct {
+	sent, received, delivered, duplicates, nonMember atomic.Int64
+	xmitReqSent, xmitReqRecv, xmits, gaps, highest   atomic.Int64
+	purged, stableEvents                             atomic.Int64
+}
+
+// table holds one sender's messages from low to hr; hd is the highest
+// delivered.
+type table struct {
+	low, hd, hr uint64
+	msgs        map[uint64]*entry
+	bytes       int64
+	removing    bool
+}
+
+type entry struct {
+	m         *stack.Message
+	delivered bool // passed up already (OOB), or never to be (DontLoopback own message)
+	arrived   bool // for own messages: the loopback copy arrived (delivery may proceed)
+}
+
+var _ stack.Protocol = (*NAKACK)(nil)
+
+// New returns a NAKACK layer.
+func New(cfg Config) *NAKACK { return &NAKACK{cfg: cfg, tables: map[stack.Address]*table{}} }
+
+// Name returns "NAKACK".
+func (n *NAKACK) Name() string { return "NAKACK" }
+
+// Init validates the config.
+func (n *NAKACK) Init() error { return n.cfg.Validate() }
+
+// Start starts the retransmission task.
+func (n *NAKACK) Start() error {
+	n.mu.Lock()
+	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
+	n.seqno, n.lastSent, n.view = 0, 0, nil
+	n.mu.Unlock()
+	n.Go(func(done <-chan struct{}) {
+		t := time.NewTicker(n.cfg.XmitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				n.xmitTask()
+			}
+		}
+	})
+	return nil
+}
+
+func newTable(hd uint64) *table {
+	return &table{low: hd + 1, hd: hd, hr: hd, msgs: map[uint64]*entry{}}
+}
+
+// Down numbers multicasts and keeps them in this member's own table.
+func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
+	if !m.IsMulticast() || m.Has(stack.NoReliability) {
+		return n.PassDown(ctx, m)
+	}
+	self := n.LocalAddress()
+	if m.Src.IsZero() {
+		m.Src = self
+	}
+	n.mu.Lock()
+	t := n.tables[self]
+	n.seqno++
+	seq := n.seqno
+	m.PutHeader(n.ID(), &Header{Type: typeMsg, Seqno: seq})
+	t.msgs[seq] = &entry{m: m, delivered: m.HasTransient(stack.DontLoopback)}
+	t.hr = max(t.hr, seq)
+	t.bytes += int64(len(m.Payload))
+	n.mu.Unlock()
+	n.st.sent.Add(1)
+	if err := n.PassDown(ctx, m); err != nil {
+		return err
+	}
+	if m.HasTransient(stack.DontLoopback) {
+		n.deliverFrom(self) // nothing to deliver, but the cursor moves past it
+	}
+	return nil
+}
+
+func (n *NAKACK) control(dest stack.Address, h *Header) {
+	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.NoReliability)
+	m.PutHeader(n.ID(), h)
+	_ = n.PassDown(context.Background(), m)
+}
+
+// Up handles one message with a NAKACK header.
+func (n *NAKACK) Up(m *stack.Message) {
+	src, ok := n.handle(m)
+	if ok {
+		n.deliverFrom(src)
+	}
+}
+
+// UpBatch adds the batch's messages to their tables and delivers what is in
+// order, as batches; other messages go up as they are.
+func (n *NAKACK) UpBatch(b *stack.Batch) {
+	var srcs []stack.Address
+	b.Keep(func(m *stack.Message) bool {
+		if m.Header(n.ID()) == nil {
+			return true
+		}
+		if src, ok := n.handle(m); ok && !slices.Contains(srcs, src) {
+			srcs = append(srcs, src)
+		}
+		return false
+	})
+	n.PassUpBatch(b)
+	for _, s := range srcs {
+		n.deliverFrom(s)
+	}
+}
+
+// handle processes m; it reports the sender whose table may now deliver.
+func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
+	h, ok := m.Header(n.ID()).(*Header)
+	if !ok {
+		n.PassUp(m)
+		return stack.Address{}, false
+	}
+	switch h.Type {
+	case typeMsg, typeXmitRsp:
+		if h.Type == typeXmitRsp {
+			// A retransmitted copy: it came as a unicast, it is a multicast.
+			m.Dest = stack.Address{}
+			m.PutHeader(n.ID(), &Header{Type: typeMsg, Seqno: h.Seqno})
+		}
+		return m.Src, n.add(m, h.Seqno)
+	case typeXmitReq:
+		n.handleXmitReq(m.Src, h)
+	case typeHighestSeqno:
+		n.st.highest.Add(1)
+		n.mu.Lock()
+		if t := n.tables[m.Src]; t != nil && h.Seqno > t.hr {
+			t.hr = h.Seqno
+		}
+		n.mu.Unlock()
+	}
+	return stack.Address{}, false
+}
+
+// add puts m into its sender's table; OOB messages are delivered at once.
+func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
+	n.st.received.Add(1)
+	self := n.LocalAddress()
+	n.mu.Lock()
+	t := n.tables[m.Src]
+	if t == nil {
+		if n.view != nil && !n.view.Contains(m.Src) || n.view == nil && m.Src != self {
+			n.mu.Unlock()
+			n.st.nonMember.Add(1)
+			return false
+		}
+		t = newTable(0)
+		n.tables[m.Src] = t
+	}
+	if seq <= t.hd || seq < t.low {
+		n.mu.Unlock()
+		n.st.duplicates.Add(1)
+		return false
+	}
+	e := t.msgs[seq]
+	oobNow := false
+	switch {
+	case e == nil:
+		e = &entry{m: m, arrived: true}
+		t.msgs[seq] = e
+		t.hr = max(t.hr, seq)
+		t.bytes += int64(len(m.Payload))
+	case m.Src == self && !e.arrived:
+		e.arrived = true // own message, looped back: deliver from the table
+	default:
+		n.mu.Unlock()
+		n.st.duplicates.Add(1)
+		return false
+	}
+	if e.m.Has(stack.OOB) && !e.delivered {
+		e.delivered, oobNow = true, true
+	}
+	n.mu.Unlock()
+	if oobNow {
+		n.st.delivered.Add(1)
+		n.PassUp(e.m)
+	}
+	return true
+}
+
+// deliverFrom passes up src's messages in seqno order; one goroutine at a
+// time per sender.
+func (n *NAKACK) deliverFrom(src stack.Address) {
+	self := n.LocalAddress()
+	n.mu.Lock()
+	t := n.tables[src]
+	if t == nil || t.removing {
+		n.mu.Unlock()
+		return
+	}
+	t.removing = true
+	finished := false
+	defer func() {
+		if !finished {
+			n.mu.Lock()
+			t.removing = false
+			n.mu.Unlock()
+		}
+	}()
+	for {
+		if n.tables[src] != t {
+			t.removing, finished = false, true
+			n.mu.Unlock()
+			return
+		}
+		var msgs []*stack.Message
+		for {
+			e := t.msgs[t.hd+1]
+			if e == nil || (src == self && !e.arrived && !e.delivered) {
+				break
+			}
+			t.hd++
+			if !e.delivered {
+				e.delivered = true
+				msgs = append(msgs, e.m)
+			}
+		}
+		if len(msgs) == 0 {
+			t.removing, finished = false, true
+			n.mu.Unlock()
+			return
+		}
+		n.mu.Unlock()
+		n.st.delivered.Add(int64(len(msgs)))
+		if len(msgs) == 1 {
+			n.PassUp(msgs[0])
+		} else {
+			n.PassUpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular, Msgs: msgs})
+		}
+		n.mu.Lock()
+	}
+}
+
+func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
+	n.st.xmitReqRecv.Add(1)
+	var out []*stack.Message
+	n.mu.Lock()
+	if t := n.tables[h.Sender]; t != nil {
+		for _, s := range h.Missing {
+			if e := t.msgs[s]; e != nil {
+				c := e.m.Copy()
+				c.Dest = from
+				c.PutHeader(n.ID(), &Header{Type: typeXmitRsp, Seqno: s})
+				out = append(out, c)
+			}
+		}
+	}
+	n.mu.Unlock()
+	for _, m := range out {
+		n.st.xmits.Add(1)
+		_ = n.PassDown(context.Background(), m)
+	}
+}
+
+// xmitTask asks for missing messages (from the original sender, or any
+// member if it is gone) and lets receivers learn this member's highest
+// seqno when it has not sent since the last run.
+func (n *NAKACK) xmitTask() {
+	self := n.LocalAddress()
+	type req struct {
+		to stack.Address
+		h  *Header
+	}
+	var reqs []req
+	announce := uint64(0)
+	now := time.Now()
+	n.mu.Lock()
+	var others []stack.Address
+	if n.view != nil {
+		for _, m := range n.view.Members {
+			if m != self {
+				others = append(others, m)
+			}
+		}
+	}
+	for src, t := range n.tables {
+		if src == self || t.hr <= t.hd {
+			continue
+		}
+		var missing []uint64
+		for s := t.hd + 1; s <= t.hr && len(missing) < n.cfg.MaxXmitReq; s++ {
+			if t.msgs[s] == nil {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		n.st.gaps.Add(int64(len(missing)))
+		to := src
+		if n.view != nil && !n.view.Contains(src) && len(others) > 0 {
+			to = others[rand.IntN(len(others))]
+		}
+		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
+	}
+	own := n.tables[self]
+	if n.seqno != n.lastSent {
+		n.lastSent, n.backoff = n.seqno, 0
+	} else if n.seqno > 0 && own != nil && own.low <= n.seqno {
+		if n.backoff == 0 {
+			n.backoff = n.cfg.XmitInterval
+		}
+		if now.Sub(n.lastHS) >= n.backoff {
+			announce, n.lastHS = n.seqno, now
+			n.backoff = min(2*n.backoff, 64*n.cfg.XmitInterval)
+		}
+	}
+	n.mu.Unlock()
+	for _, r := range reqs {
+		n.st.xmitReqSent.Add(1)
+		n.control(r.to, r.h)
+	}
+	if announce > 0 {
+		n.control(stack.Address{}, &Header{Type: typeHighestSeqno, Seqno: announce})
+	}
+}
+
+// DownEvent handles views, digests and stability.
+func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvViewChange:
+		if v, ok := ev.Arg.(*stack.View); ok {
+			n.viewChange(v)
+		}
+	case stack.EvGetDigest:
+		return n.Digest(), nil
+	case stack.EvSetDigest:
+		d, ok := ev.Arg.(Digest)
+		if !ok {
+			return nil, fmt.Errorf("nakack: SET_DIGEST with %T", ev.Arg)
+		}
+		n.SetDigest(d)
+		return nil, nil
+	case stack.EvStable:
+		d, ok := ev.Arg.(Digest)
+		if !ok {
+			return nil, fmt.Errorf("nakack: STABLE with %T", ev.Arg)
+		}
+		n.stable(d)
+		return nil, nil
+	}
+	return n.PassDownEvent(ctx, ev)
+}
+
+func (n *NAKACK) viewChange(v *stack.View) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.view = v
+	for a := range n.tables {
+		if !v.Contains(a) && a != n.LocalAddress() {
+			delete(n.tables, a)
+		}
+	}
+	for _, a := range v.Members {
+		if n.tables[a] == nil {
+			n.tables[a] = newTable(0)
+		}
+	}
+}
+
+// Digest returns, per sender, the highest seqno delivered and received.
+func (n *NAKACK) Digest() Digest {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d := make(Digest, 0, len(n.tables))
+	for a, t := range n.tables {
+		d = append(d, DigestEntry{Member: a, HighestDelivered: t.hd, HighestReceived: max(t.hr, t.hd)})
+	}
+	slices.SortFunc(d, func(x, y DigestEntry) int { return x.Member.Compare(y.Member) })
+	return d
+}
+
+// SetDigest makes this member start each listed sender's table after the
+// digest's highest delivered seqno (a joiner, or after a flush).
+func (n *NAKACK) SetDigest(d Digest) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range d {
+		if e.Member == n.LocalAddress() {
+			continue
+		}
+		if t := n.tables[e.Member]; t == nil || t.hd < e.HighestDelivered {
+			nt := newTable(e.HighestDelivered)
+			nt.hr = max(e.HighestReceived, e.HighestDelivered)
+			n.tables[e.Member] = nt
+		}
+	}
+}
+
+// stable purges, per sender, everything up to the digest's highest
+// delivered seqno (every member has delivered it).
+func (n *NAKACK) stable(d Digest) {
+	n.st.stableEvents.Add(1)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range d {
+		t := n.tables[e.Member]
+		if t == nil {
+			continue
+		}
+		upto := min(e.HighestDelivered, t.hd)
+		for s := t.low; s <= upto; s++ {
+			if en := t.msgs[s]; en != nil {
+				t.bytes -= int64(len(en.m.Payload))
+				delete(t.msgs, s)
+				n.st.purged.Add(1)
+			}
+		}
+		t.low = max(t.low, upto+1)
+	}
+}
+
+// Stats reports NAKACK's counters.
+func (n *NAKACK) Stats() []stack.Stat {
+	n.mu.Lock()
+	var held, bytes int64
+	for _, t := range n.tables {
+		held += int64(len(t.msgs))
+		bytes += t.bytes
+	}
+	tables := len(n.tables)
+	n.mu.Unlock()
+	s := &n.st
+	return []stack.Stat{
+		{Name: "msgs_sent", Value: s.sent.Load()},
+		{Name: "msgs_received", Value: s.received.Load()},
+		{Name: "msgs_delivered", Value: s.delivered.Load()},
+		{Name: "duplicates", Value: s.duplicates.Load()},
+		{Name: "dropped_non_member", Value: s.nonMember.Load()},
+		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
+		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
+		{Name: "retransmissions", Value: s.xmits.Load()},
+		{Name: "gaps_seen", Value: s.gaps.Load()},
+		{Name: "highest_seqno_received", Value: s.highest.Load()},
+		{Name: "tables", Value: int64(tables)},
+		{Name: "msgs_held", Value: held},
+		{Name: "bytes_held", Value: bytes},
+		{Name: "msgs_purged", Value: s.purged.Load()},
+		{Name: "stable_events", Value: s.stableEvents.Load()},
+	}
+}
