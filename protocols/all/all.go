@@ -6,6 +6,7 @@ import (
 	// Each protocol registers itself in init.
 	_ "github.com/strata-go/strata/protocols/delay"
 	_ "github.com/strata-go/strata/protocols/discard"
+	_ "github.com/strata-go/strata/protocols/frag"
 	_ "github.com/strata-go/strata/protocols/nakack"
 	_ "github.com/strata-go/strata/protocols/sim"
 	_ "github.com/strata-go/strata/protocols/stable"

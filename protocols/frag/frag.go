@@ -1,0 +1,226 @@
+// Package frag is FRAG: it splits messages whose payload is larger than
+// frag_size into fragments and reassembles them at the receiver, for
+// unicasts and multicasts, OOB ones too. Fragments travel through the
+// reliable layers below, so each arrives exactly once; fragments of
+// different messages and senders may interleave.
+package frag
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures FRAG.
+type Config struct {
+	FragSize stack.Size `toml:"frag_size" doc:"largest payload sent in one message; larger ones are fragmented"`
+	MaxSize  stack.Size `toml:"max_message_size" doc:"largest message a receiver reassembles; bigger announcements are dropped and counted"`
+}
+
+// DefaultConfig returns FRAG's defaults.
+func DefaultConfig() Config { return Config{FragSize: 60000, MaxSize: 1 << 30} }
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.FragSize < 512 || c.FragSize > 65000:
+		return stack.BadKey("frag_size", "must be between 512 bytes and 65000 (below the transport's max_bundle_size), got %d", c.FragSize)
+	case c.MaxSize < c.FragSize:
+		return stack.BadKey("max_message_size", "must be >= frag_size (%d), got %d", c.FragSize, c.MaxSize)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "FRAG", ID: stack.IDFRAG,
+		Doc:      "fragments large messages and reassembles them",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.RegisterHeader(stack.HeaderType{
+		ID: stack.IDFRAG, Name: "FRAG", Decode: decodeHeader,
+		Samples: func() []stack.Header {
+			return []stack.Header{&Header{ID: 1, Index: 0, Count: 2, Total: 70000}, &Header{ID: 1 << 60, Index: 99, Count: 100, Total: 1 << 30}}
+		},
+	})
+}
+
+// Header marks a fragment: which message (per-sender id), which fragment,
+// how many, and the total payload size.
+type Header struct {
+	ID           uint64
+	Index, Count uint32
+	Total        uint64
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	return stack.UvarintSize(h.ID) + stack.UvarintSize(uint64(h.Index)) + stack.UvarintSize(uint64(h.Count)) + stack.UvarintSize(h.Total)
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = stack.AppendUvarint(b, h.ID)
+	b = stack.AppendUvarint(b, uint64(h.Index))
+	b = stack.AppendUvarint(b, uint64(h.Count))
+	return stack.AppendUvarint(b, h.Total)
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{ID: r.Uvarint()}
+	idx, cnt := r.Uvarint(), r.Uvarint()
+	h.Total = r.Uvarint()
+	if cnt == 0 || cnt > 1<<24 || idx >= cnt {
+		r.Fail("fragment %d of %d", idx, cnt)
+	}
+	h.Index, h.Count = uint32(idx), uint32(cnt)
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// FRAG is the FRAG protocol.
+type FRAG struct {
+	stack.Base
+	cfg    Config
+	nextID atomic.Uint64
+
+	mu      sync.Mutex
+	partial map[key]*partial
+
+	fragmented, fragsSent, reassembled, fragsRecv, dropped, discarded atomic.Int64
+}
+
+type key struct {
+	src stack.Address
+	id  uint64
+}
+
+type partial struct {
+	buf   []byte
+	got   []bool
+	n     uint32
+	first *stack.Message // carries the headers and flags of the original
+}
+
+var _ stack.Protocol = (*FRAG)(nil)
+
+// New returns a FRAG layer.
+func New(cfg Config) *FRAG { return &FRAG{cfg: cfg, partial: map[key]*partial{}} }
+
+// Name returns "FRAG".
+func (f *FRAG) Name() string { return "FRAG" }
+
+// Init validates the config.
+func (f *FRAG) Init() error { return f.cfg.Validate() }
+
+// Down sends m whole or in fragments of frag_size.
+func (f *FRAG) Down(ctx context.Context, m *stack.Message) error {
+	size := len(m.Payload)
+	fs := int(f.cfg.FragSize)
+	if size <= fs {
+		return f.PassDown(ctx, m)
+	}
+	count := (size + fs - 1) / fs
+	id := f.nextID.Add(1)
+	f.fragmented.Add(1)
+	for i := range count {
+		c := m.Copy() // same destination, flags and headers of the layers above
+		c.Payload = m.Payload[i*fs : min(size, (i+1)*fs)]
+		c.PutHeader(f.ID(), &Header{ID: id, Index: uint32(i), Count: uint32(count), Total: uint64(size)})
+		if m.HasTransient(stack.DontLoopback) {
+			c.SetTransient(stack.DontLoopback)
+		}
+		f.fragsSent.Add(1)
+		if err := f.PassDown(ctx, c); err != nil {
+			return fmt.Errorf("frag: fragment %d of %d: %w", i+1, count, err)
+		}
+	}
+	return nil
+}
+
+// Up collects fragments; a complete message goes up with the original's
+// flags and headers.
+func (f *FRAG) Up(m *stack.Message) {
+	h, ok := m.Header(f.ID()).(*Header)
+	if !ok {
+		f.PassUp(m)
+		return
+	}
+	f.fragsRecv.Add(1)
+	fs := uint64(f.cfg.FragSize)
+	if h.Total > uint64(f.cfg.MaxSize) || uint64(h.Count) != (h.Total+fs-1)/fs ||
+		uint64(len(m.Payload)) != min(fs, h.Total-uint64(h.Index)*fs) {
+		f.dropped.Add(1) // inconsistent or too big: another frag_size, or hostile
+		return
+	}
+	k := key{m.Src, h.ID}
+	f.mu.Lock()
+	p := f.partial[k]
+	if p == nil {
+		p = &partial{buf: make([]byte, h.Total), got: make([]bool, h.Count)}
+		f.partial[k] = p
+	}
+	if len(p.got) != int(h.Count) || len(p.buf) != int(h.Total) || p.got[h.Index] {
+		f.mu.Unlock()
+		f.dropped.Add(1)
+		return
+	}
+	copy(p.buf[uint64(h.Index)*fs:], m.Payload)
+	p.got[h.Index] = true
+	p.n++
+	if h.Index == 0 {
+		p.first = m
+	}
+	done := p.n == h.Count
+	if done {
+		delete(f.partial, k)
+	}
+	f.mu.Unlock()
+	if !done {
+		return
+	}
+	whole := p.first.Copy()
+	whole.RemoveHeader(f.ID())
+	whole.Payload = p.buf
+	f.reassembled.Add(1)
+	f.PassUp(whole)
+}
+
+// DownEvent discards partial messages of members who left the view.
+func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	if ev.Type == stack.EvViewChange {
+		if v, ok := ev.Arg.(*stack.View); ok {
+			f.mu.Lock()
+			for k := range f.partial {
+				if !v.Contains(k.src) {
+					delete(f.partial, k)
+					f.discarded.Add(1)
+				}
+			}
+			f.mu.Unlock()
+		}
+	}
+	return f.PassDownEvent(ctx, ev)
+}
+
+// Stats reports FRAG's counters.
+func (f *FRAG) Stats() []stack.Stat {
+	f.mu.Lock()
+	n := len(f.partial)
+	f.mu.Unlock()
+	return []stack.Stat{
+		{Name: "msgs_fragmented", Value: f.fragmented.Load()},
+		{Name: "fragments_sent", Value: f.fragsSent.Load()},
+		{Name: "fragments_received", Value: f.fragsRecv.Load()},
+		{Name: "msgs_reassembled", Value: f.reassembled.Load()},
+		{Name: "fragments_dropped", Value: f.dropped.Load()},
+		{Name: "partial_discarded", Value: f.discarded.Load()},
+		{Name: "partial_in_progress", Value: int64(n)},
+	}
+}

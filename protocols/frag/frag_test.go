@@ -1,0 +1,181 @@
+package frag_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/protocols/discard"
+	"github.com/strata-go/strata/protocols/frag"
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/protocols/sim"
+	"github.com/strata-go/strata/protocols/stable"
+	"github.com/strata-go/strata/protocols/unicast2"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+func stat(p stack.StatsReporter, name string) int64 {
+	for _, s := range p.Stats() {
+		if s.Name == name {
+			return s.Value
+		}
+	}
+	panic("no stat " + name)
+}
+
+type fixture struct {
+	c    *stacktest.Cluster
+	frag []*frag.FRAG
+	d    []*discard.Discard
+}
+
+func start(t *testing.T, n int, seed uint64) *fixture {
+	f := &fixture{frag: make([]*frag.FRAG, n), d: make([]*discard.Discard, n)}
+	f.c = stacktest.StartSIM(t, n, seed, func(i int) []stack.Protocol {
+		nc := nakack.DefaultConfig()
+		nc.XmitInterval = 100 * time.Millisecond
+		uc := unicast2.DefaultConfig()
+		uc.XmitInterval = 100 * time.Millisecond
+		uc.StableInterval = time.Second
+		sc := stable.DefaultConfig()
+		sc.Interval = time.Second
+		f.frag[i] = frag.New(frag.DefaultConfig())
+		f.d[i] = discard.New(discard.DefaultConfig())
+		return []stack.Protocol{f.d[i], nakack.New(nc), unicast2.New(uc), stable.New(sc), f.frag[i]}
+	})
+	return f
+}
+
+func payload(rng *rand.Rand, n int, tag byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(rng.Uint32())
+	}
+	if n > 0 {
+		p[0] = tag
+	}
+	return p
+}
+
+func TestTenMegabyteMessageArrivesIntactUnderDrops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 3, stacktest.Seed(t))
+		f.c.Net.SetDefault(sim.Rule{Drop: 0.1})
+		rng := rand.New(rand.NewPCG(1, 2))
+		big := payload(rng, 10_000_000, 'M')
+		a := f.c.Channels[0]
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, big)))
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(f.c.Channels[1].Address(), big).Set(stack.OOB)))
+		stacktest.WaitFor(t, 10*time.Minute, func() bool {
+			return f.c.Recv[0].Len() == 1 && f.c.Recv[1].Len() == 2 && f.c.Recv[2].Len() == 1
+		}, "the big multicast reaches all, the OOB unicast reaches B")
+		for _, r := range f.c.Recv {
+			for _, m := range r.Messages() {
+				require.True(t, bytes.Equal(big, m.Payload), "intact")
+				require.Nil(t, m.Header(stack.IDFRAG))
+			}
+		}
+		require.True(t, f.c.Recv[1].Messages()[0].Has(stack.OOB) || f.c.Recv[1].Messages()[1].Has(stack.OOB), "flags survive")
+		require.EqualValues(t, 2, stat(f.frag[0], "msgs_fragmented"))
+	})
+}
+
+func TestThousandMessagesOfRandomSizesInterleaveSafely(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		seed := stacktest.Seed(t)
+		f := start(t, 3, seed)
+		f.c.Net.SetDefault(sim.Rule{Drop: 0.1, Reorder: 0.1})
+		const per = 334 // three senders: 1,002 messages
+		type sent struct {
+			dest stack.Address
+			p    []byte
+		}
+		var mu sync.Mutex
+		all := map[[2]int]sent{}
+		var wg sync.WaitGroup
+		for i, ch := range f.c.Channels {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(seed, uint64(i)))
+				for s := range per {
+					size := 8 + rng.IntN(200_000)
+					p := payload(rng, size, byte(i))
+					copy(p, stacktest.Payload(i, s, 8))
+					var dest stack.Address
+					if rng.IntN(3) == 0 {
+						dest = f.c.Channels[(i+1)%3].Address()
+					}
+					m := stack.NewMessage(dest, p)
+					if rng.IntN(4) == 0 {
+						m.Set(stack.OOB)
+					}
+					mu.Lock()
+					all[[2]int{i, s}] = sent{dest, p}
+					mu.Unlock()
+					require.NoError(t, ch.Send(t.Context(), m))
+				}
+			})
+		}
+		wg.Wait()
+		want := make([]int, 3)
+		for _, s := range all {
+			for j, ch := range f.c.Channels {
+				if s.dest.IsZero() || s.dest == ch.Address() {
+					want[j]++
+				}
+			}
+		}
+		stacktest.WaitFor(t, 30*time.Minute, func() bool {
+			for j, r := range f.c.Recv {
+				if r.Len() < want[j] {
+					return false
+				}
+			}
+			return true
+		}, "every message reassembled")
+		for j, r := range f.c.Recv {
+			require.Len(t, r.Messages(), want[j])
+			seen := map[[2]int]bool{}
+			for _, m := range r.Messages() {
+				i, s, ok := stacktest.ParsePayload(m.Payload)
+				require.True(t, ok)
+				k := [2]int{i, s}
+				require.False(t, seen[k], "delivered twice")
+				seen[k] = true
+				require.True(t, bytes.Equal(all[k].p, m.Payload), "message %v intact at member %d", k, j)
+			}
+		}
+	})
+}
+
+func TestPartialMessageOfLeftMemberIsDiscarded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 2, 1)
+		a, b := f.c.Channels[0], f.c.Channels[1]
+		f.d[1].DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDFRAG).(*frag.Header)
+			return ok && h.Index == 2
+		})
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), make([]byte, 150_000))))
+		stacktest.WaitFor(t, time.Second, func() bool { return stat(f.frag[1], "partial_in_progress") == 1 }, "B holds a partial message")
+		stacktest.InjectView(t, stack.NewView(b.Address(), 7, b.Address()), b)
+		require.Zero(t, stat(f.frag[1], "partial_in_progress"))
+		require.EqualValues(t, 1, stat(f.frag[1], "partial_discarded"))
+		require.Zero(t, f.c.Recv[1].Len())
+	})
+}
+
+func TestSmallMessagesAreNotFragmented(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 2, 1)
+		require.NoError(t, f.c.Channels[0].SendTo(t.Context(), stack.Address{}, make([]byte, 60000)))
+		synctest.Wait()
+		require.Zero(t, stat(f.frag[0], "msgs_fragmented"))
+		require.Equal(t, 1, f.c.Recv[1].Len())
+	})
+}
