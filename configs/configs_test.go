@@ -57,10 +57,11 @@ func TestUDPConfigStartsAGroupOnLoopback(t *testing.T) {
 		t.Cleanup(func() { _ = ch.Close() })
 		chs, cols = append(chs, ch), append(cols, col)
 	}
+	addrs := []stack.Address{chs[0].Address(), chs[1].Address()}
+	stacktest.InjectView(t, stack.NewView(addrs[0], 2, addrs...), chs...) // no GMS yet
 	for i, ch := range chs {
 		require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, 0, 8))))
 	}
-	addrs := []stack.Address{chs[0].Address(), chs[1].Address()}
 	for _, col := range cols {
 		stacktest.WaitFor(t, 10*time.Second, func() bool { return col.Len() == 2 }, "both multicasts arrive")
 		require.Empty(t, col.CheckExactlyOnce(addrs, 1, true))

@@ -53,6 +53,7 @@ func TestValidateRejectsWithFileAndLine(t *testing.T) {
 		"wrong-type.toml":           `:5: DISCARD: up: want a number, got string "lots"`,
 		"negative-size.toml":        `:3: SIM: queue_len: must be > 0, got -5`,
 		"negative-interval.toml":    `:6: DELAY: down: must not be negative, got -2s`,
+		"zero-interval.toml":        `:6: NAKACK: xmit_interval: must be > 0, got 0s`,
 		"no-transport.toml":         `:1: DISCARD: no transport in the stack`,
 		"two-transports.toml":       `:3: SIM: second transport`,
 		"transport-not-bottom.toml": `:3: SIM: the transport must be the first [[protocol]]`,
