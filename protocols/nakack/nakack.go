@@ -160,22 +160,53 @@ func (n *NAKACK) Up(m *stack.Message) {
 	}
 }
 
-// UpBatch adds the batch's messages to their tables and delivers what is in
-// order, as batches; other messages go up as they are.
+// UpBatch adds the batch's messages to their tables under one lock and
+// delivers what is in order, as batches; other messages go up as they are.
 func (n *NAKACK) UpBatch(b *stack.Batch) {
 	var srcs []stack.Address
+	var oob []*stack.Message
+	self := n.LocalAddress()
+	var rest []*stack.Message
+	n.mu.Lock()
 	b.Keep(func(m *stack.Message) bool {
-		if m.Header(n.ID()) == nil {
+		h, ok := m.Header(n.ID()).(*Header)
+		if !ok {
 			return true
 		}
-		if src, ok := n.handle(m); ok && !slices.Contains(srcs, src) {
-			srcs = append(srcs, src)
+		if h.Type != typeMsg && h.Type != typeXmitRsp {
+			rest = append(rest, m) // control messages, handled after the lock
+			return false
+		}
+		n.normalise(m, h)
+		added, o := n.addLocked(m, h.Seqno, self)
+		if o != nil {
+			oob = append(oob, o)
+		}
+		if added && !slices.Contains(srcs, m.Src) {
+			srcs = append(srcs, m.Src)
 		}
 		return false
 	})
+	n.mu.Unlock()
+	for _, m := range oob {
+		n.st.delivered.Add(1)
+		n.PassUp(m)
+	}
+	for _, m := range rest {
+		n.handle(m)
+	}
 	n.PassUpBatch(b)
 	for _, s := range srcs {
 		n.deliverFrom(s)
+	}
+}
+
+// normalise turns a retransmitted copy (it came as a unicast) back into the
+// multicast it is.
+func (n *NAKACK) normalise(m *stack.Message, h *Header) {
+	if h.Type == typeXmitRsp {
+		m.Dest = stack.Address{}
+		m.PutHeader(n.ID(), &Header{Type: typeMsg, Seqno: h.Seqno})
 	}
 }
 
@@ -188,11 +219,7 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 	}
 	switch h.Type {
 	case typeMsg, typeXmitRsp:
-		if h.Type == typeXmitRsp {
-			// A retransmitted copy: it came as a unicast, it is a multicast.
-			m.Dest = stack.Address{}
-			m.PutHeader(n.ID(), &Header{Type: typeMsg, Seqno: h.Seqno})
-		}
+		n.normalise(m, h)
 		return m.Src, n.add(m, h.Seqno)
 	case typeXmitReq:
 		n.handleXmitReq(m.Src, h)
@@ -209,26 +236,35 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 
 // add puts m into its sender's table; OOB messages are delivered at once.
 func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
-	n.st.received.Add(1)
 	self := n.LocalAddress()
 	n.mu.Lock()
+	ok, oob := n.addLocked(m, seq, self)
+	n.mu.Unlock()
+	if oob != nil {
+		n.st.delivered.Add(1)
+		n.PassUp(oob)
+	}
+	return ok
+}
+
+// addLocked adds m and returns whether it was new, and the message to pass
+// up at once if it is an OOB message; callers hold n.mu.
+func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bool, *stack.Message) {
+	n.st.received.Add(1)
 	t := n.tables[m.Src]
 	if t == nil {
 		if n.view != nil && !n.view.Contains(m.Src) || n.view == nil && m.Src != self {
-			n.mu.Unlock()
 			n.st.nonMember.Add(1)
-			return false
+			return false, nil
 		}
 		t = newTable(0)
 		n.tables[m.Src] = t
 	}
 	if seq <= t.hd || seq < t.low {
-		n.mu.Unlock()
 		n.st.duplicates.Add(1)
-		return false
+		return false, nil
 	}
 	e := t.msgs[seq]
-	oobNow := false
 	switch {
 	case e == nil:
 		e = &entry{m: m, arrived: true}
@@ -238,19 +274,14 @@ func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
 	case m.Src == self && !e.arrived:
 		e.arrived = true // own message, looped back: deliver from the table
 	default:
-		n.mu.Unlock()
 		n.st.duplicates.Add(1)
-		return false
+		return false, nil
 	}
 	if e.m.Has(stack.OOB) && !e.delivered {
-		e.delivered, oobNow = true, true
+		e.delivered = true
+		return true, e.m
 	}
-	n.mu.Unlock()
-	if oobNow {
-		n.st.delivered.Add(1)
-		n.PassUp(e.m)
-	}
-	return true
+	return true, nil
 }
 
 // deliverFrom passes up src's messages in seqno order; one goroutine at a
