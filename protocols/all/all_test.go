@@ -1,0 +1,65 @@
+package all_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/strata-go/strata/protocols/all"
+	"github.com/strata-go/strata/stack"
+)
+
+// TestEveryShippedHeaderSizeEqualsEncodedLength checks the header of every
+// protocol strata ships: Size must equal the encoded length, and decoding
+// must give the header back.
+func TestEveryShippedHeaderSizeEqualsEncodedLength(t *testing.T) {
+	ids := stack.HeaderIDs()
+	for _, want := range []uint16{stack.IDNAKACK, stack.IDUNICAST2, stack.IDSTABLE, stack.IDFRAG} {
+		require.Contains(t, ids, want)
+	}
+	for id, name := range ids {
+		t.Run(name, func(t *testing.T) {
+			for i, h := range stack.HeaderSamples(id) {
+				enc := h.AppendTo(nil)
+				require.Equal(t, h.Size(), len(enc), "sample %d: Size() vs encoded length", i)
+				dec, err := stack.DecodeHeader(id, enc)
+				require.NoError(t, err, "sample %d", i)
+				require.Equal(t, h, dec, "sample %d round trip", i)
+			}
+		})
+	}
+}
+
+func TestEveryRegisteredProtocolHasDocumentedKeys(t *testing.T) {
+	for _, pt := range stack.Registered() {
+		require.NotEmpty(t, pt.Doc, pt.Name)
+		for _, k := range pt.Keys {
+			require.NotEmpty(t, k.Doc, "%s.%s has no doc", pt.Name, k.Key)
+		}
+		if pt.ID != 0 {
+			require.Less(t, pt.ID, stack.IDUserMin, pt.Name)
+		}
+	}
+}
+
+// FuzzShippedHeaders feeds every shipped protocol's header decoder.
+func FuzzShippedHeaders(f *testing.F) {
+	for id := range stack.HeaderIDs() {
+		for _, h := range stack.HeaderSamples(id) {
+			f.Add(id, h.AppendTo(nil))
+		}
+	}
+	f.Fuzz(func(t *testing.T, id uint16, body []byte) {
+		h, err := stack.DecodeHeader(id, body)
+		if err != nil {
+			if !errors.Is(err, stack.ErrMalformed) {
+				t.Fatal(err)
+			}
+			return
+		}
+		if enc := h.AppendTo(nil); h.Size() != len(enc) {
+			t.Fatalf("decoded header %v: Size %d, encoded %d", h, h.Size(), len(enc))
+		}
+	})
+}
