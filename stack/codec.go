@@ -233,3 +233,51 @@ func VarintSize(v int64) int {
 	}
 	return UvarintSize(u)
 }
+
+// MaxSeqnoList is the most seqnos ReadSeqnoList accepts.
+const MaxSeqnoList = 8192
+
+// SeqnoListSize returns the encoded length of an increasing seqno list.
+func SeqnoListSize(s []uint64) int {
+	n := UvarintSize(uint64(len(s)))
+	prev := uint64(0)
+	for _, v := range s {
+		n += UvarintSize(v - prev)
+		prev = v
+	}
+	return n
+}
+
+// AppendSeqnoList appends an increasing list of seqnos (retransmission
+// requests), delta encoded: a count, then each gap to the previous one.
+func AppendSeqnoList(b []byte, s []uint64) []byte {
+	b = AppendUvarint(b, uint64(len(s)))
+	prev := uint64(0)
+	for _, v := range s {
+		b = AppendUvarint(b, v-prev)
+		prev = v
+	}
+	return b
+}
+
+// SeqnoList decodes a list written by AppendSeqnoList; it rejects lists
+// longer than MaxSeqnoList and seqnos that do not increase.
+func (r *Reader) SeqnoList() []uint64 {
+	n := r.Uvarint()
+	if n > MaxSeqnoList || n > uint64(r.Len()) {
+		r.Fail("seqno list of %d entries", n)
+		return nil
+	}
+	out := make([]uint64, n)
+	prev := uint64(0)
+	for i := range out {
+		d := r.Uvarint()
+		if i > 0 && d == 0 {
+			r.Fail("seqno list does not increase")
+			return nil
+		}
+		prev += d
+		out[i] = prev
+	}
+	return out
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Protocol is one layer of a stack. Messages travel Down (towards the wire)
@@ -239,6 +240,23 @@ func (b *Base) Go(f func(done <-chan struct{})) bool {
 		f(done)
 	}()
 	return true
+}
+
+// GoEvery runs f every d on a goroutine owned by the layer (see Go), until
+// the layer stops.
+func (b *Base) GoEvery(d time.Duration, f func()) bool {
+	return b.Go(func(done <-chan struct{}) {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	})
 }
 
 // Stopped reports whether the layer has been stopped (and not restarted).

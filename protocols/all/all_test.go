@@ -8,6 +8,7 @@ import (
 
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
 )
 
 // TestEveryShippedHeaderSizeEqualsEncodedLength checks the header of every
@@ -18,17 +19,7 @@ func TestEveryShippedHeaderSizeEqualsEncodedLength(t *testing.T) {
 	for _, want := range []uint16{stack.IDNAKACK, stack.IDUNICAST2, stack.IDSTABLE, stack.IDFRAG} {
 		require.Contains(t, ids, want)
 	}
-	for id, name := range ids {
-		t.Run(name, func(t *testing.T) {
-			for i, h := range stack.HeaderSamples(id) {
-				enc := h.AppendTo(nil)
-				require.Equal(t, h.Size(), len(enc), "sample %d: Size() vs encoded length", i)
-				dec, err := stack.DecodeHeader(id, enc)
-				require.NoError(t, err, "sample %d", i)
-				require.Equal(t, h, dec, "sample %d round trip", i)
-			}
-		})
-	}
+	stacktest.CheckHeaderSizes(t)
 }
 
 func TestEveryRegisteredProtocolHasDocumentedKeys(t *testing.T) {

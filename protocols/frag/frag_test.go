@@ -20,15 +20,6 @@ import (
 	"github.com/strata-go/strata/stack/stacktest"
 )
 
-func stat(p stack.StatsReporter, name string) int64 {
-	for _, s := range p.Stats() {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	panic("no stat " + name)
-}
-
 type fixture struct {
 	c    *stacktest.Cluster
 	frag []*frag.FRAG
@@ -82,7 +73,7 @@ func TestTenMegabyteMessageArrivesIntactUnderDrops(t *testing.T) {
 			}
 		}
 		require.True(t, f.c.Recv[1].Messages()[0].Has(stack.OOB) || f.c.Recv[1].Messages()[1].Has(stack.OOB), "flags survive")
-		require.EqualValues(t, 2, stat(f.frag[0], "msgs_fragmented"))
+		require.EqualValues(t, 2, stacktest.Stat(t, f.frag[0], "msgs_fragmented"))
 	})
 }
 
@@ -162,10 +153,10 @@ func TestPartialMessageOfLeftMemberIsDiscarded(t *testing.T) {
 			return ok && h.Index == 2
 		})
 		require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), make([]byte, 150_000))))
-		stacktest.WaitFor(t, time.Second, func() bool { return stat(f.frag[1], "partial_in_progress") == 1 }, "B holds a partial message")
+		stacktest.WaitFor(t, time.Second, func() bool { return stacktest.Stat(t, f.frag[1], "partial_in_progress") == 1 }, "B holds a partial message")
 		stacktest.InjectView(t, stack.NewView(b.Address(), 7, b.Address()), b)
-		require.Zero(t, stat(f.frag[1], "partial_in_progress"))
-		require.EqualValues(t, 1, stat(f.frag[1], "partial_discarded"))
+		require.Zero(t, stacktest.Stat(t, f.frag[1], "partial_in_progress"))
+		require.EqualValues(t, 1, stacktest.Stat(t, f.frag[1], "partial_discarded"))
 		require.Zero(t, f.c.Recv[1].Len())
 	})
 }
@@ -175,7 +166,7 @@ func TestSmallMessagesAreNotFragmented(t *testing.T) {
 		f := start(t, 2, 1)
 		require.NoError(t, f.c.Channels[0].SendTo(t.Context(), stack.Address{}, make([]byte, 60000)))
 		synctest.Wait()
-		require.Zero(t, stat(f.frag[0], "msgs_fragmented"))
+		require.Zero(t, stacktest.Stat(t, f.frag[0], "msgs_fragmented"))
 		require.Equal(t, 1, f.c.Recv[1].Len())
 	})
 }

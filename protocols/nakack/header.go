@@ -25,8 +25,6 @@ func (t hdrType) String() string {
 	return fmt.Sprintf("type(%d)", t)
 }
 
-const maxMissingOnWire = 8192
-
 // Header is NAKACK's header.
 //
 //	MSG, XMIT_RSP:  seqno (an XMIT_RSP is a retransmitted copy; its source is the original sender)
@@ -53,13 +51,7 @@ func (h *Header) Size() int {
 	if h.Type != typeXmitReq {
 		return 1 + stack.UvarintSize(h.Seqno)
 	}
-	n := 1 + stack.AddressSize + stack.UvarintSize(uint64(len(h.Missing)))
-	prev := uint64(0)
-	for _, s := range h.Missing {
-		n += stack.UvarintSize(s - prev)
-		prev = s
-	}
-	return n
+	return 1 + stack.AddressSize + stack.SeqnoListSize(h.Missing)
 }
 
 // AppendTo appends the encoding.
@@ -69,13 +61,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 		return stack.AppendUvarint(b, h.Seqno)
 	}
 	b = stack.AppendAddress(b, h.Sender)
-	b = stack.AppendUvarint(b, uint64(len(h.Missing)))
-	prev := uint64(0)
-	for _, s := range h.Missing {
-		b = stack.AppendUvarint(b, s-prev)
-		prev = s
-	}
-	return b
+	return stack.AppendSeqnoList(b, h.Missing)
 }
 
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
@@ -85,21 +71,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		h.Seqno = r.Uvarint()
 	case typeXmitReq:
 		h.Sender = r.Address()
-		n := r.Uvarint()
-		if n > maxMissingOnWire || n > uint64(r.Len()) {
-			r.Fail("XMIT_REQ with %d seqnos", n)
-			break
-		}
-		h.Missing = make([]uint64, n)
-		prev := uint64(0)
-		for i := range h.Missing {
-			d := r.Uvarint()
-			if i > 0 && d == 0 {
-				r.Fail("XMIT_REQ seqnos not increasing")
-			}
-			prev += d
-			h.Missing[i] = prev
-		}
+		h.Missing = r.SeqnoList()
 	default:
 		r.Fail("unknown NAKACK header type %d", h.Type)
 	}

@@ -30,8 +30,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.XmitInterval <= 0:
 		return stack.BadKey("xmit_interval", "must be > 0, got %s", c.XmitInterval)
-	case c.MaxXmitReq < 1 || c.MaxXmitReq > maxMissingOnWire:
-		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", maxMissingOnWire, c.MaxXmitReq)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > stack.MaxSeqnoList:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", stack.MaxSeqnoList, c.MaxXmitReq)
 	}
 	return nil
 }
@@ -99,18 +99,7 @@ func (n *NAKACK) Start() error {
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
 	n.seqno, n.lastSent, n.view = 0, 0, nil
 	n.mu.Unlock()
-	n.Go(func(done <-chan struct{}) {
-		t := time.NewTicker(n.cfg.XmitInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				n.xmitTask()
-			}
-		}
-	})
+	n.GoEvery(n.cfg.XmitInterval, n.xmitTask)
 	return nil
 }
 

@@ -18,15 +18,6 @@ import (
 	"github.com/strata-go/strata/stack/stacktest"
 )
 
-func stat(p stack.StatsReporter, name string) int64 {
-	for _, s := range p.Stats() {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	panic("no stat " + name)
-}
-
 func nakCfg() nakack.Config {
 	c := nakack.DefaultConfig()
 	c.XmitInterval = 100 * time.Millisecond
@@ -40,13 +31,14 @@ func stableCfg() stable.Config {
 }
 
 type group struct {
+	t   testing.TB
 	c   *stacktest.Cluster
 	nak []*nakack.NAKACK
 	d   []*discard.Discard
 }
 
 func newGroup(t *testing.T, n int, seed uint64) *group {
-	g := &group{nak: make([]*nakack.NAKACK, n), d: make([]*discard.Discard, n)}
+	g := &group{t: t, nak: make([]*nakack.NAKACK, n), d: make([]*discard.Discard, n)}
 	g.c = stacktest.StartSIM(t, n, seed, func(i int) []stack.Protocol {
 		g.nak[i] = nakack.New(nakCfg())
 		g.d[i] = discard.New(discard.DefaultConfig())
@@ -57,7 +49,7 @@ func newGroup(t *testing.T, n int, seed uint64) *group {
 
 func (g *group) allStable() bool {
 	for _, n := range g.nak {
-		if stat(n, "msgs_held") != 0 {
+		if stacktest.Stat(g.t, n, "msgs_held") != 0 {
 			return false
 		}
 	}
@@ -189,7 +181,7 @@ func TestNoReliabilityAndUnicastsPassUntouched(t *testing.T) {
 		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, []byte("raw")).Set(stack.NoReliability)))
 		require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), []byte("uni"))))
 		synctest.Wait()
-		require.Zero(t, stat(g.nak[0], "msgs_sent"))
+		require.Zero(t, stacktest.Stat(t, g.nak[0], "msgs_sent"))
 		require.Equal(t, 2, g.c.Recv[1].Len())
 	})
 }

@@ -86,12 +86,3 @@ func introduce(t testing.TB, ms []*member) {
 		}
 	}
 }
-
-func stat(u *udp.UDP, name string) int64 {
-	for _, s := range u.Stats() {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	panic("no stat " + name)
-}

@@ -125,7 +125,7 @@ func (u *UDP) Start() error {
 		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, done) })
 	}
 	u.Go(func(done <-chan struct{}) { newBundler(u).run(done) })
-	u.Go(u.reapLoop)
+	u.GoEvery(max(u.cfg.CacheExpiry/4, 10*time.Millisecond), u.reap)
 	return nil
 }
 
@@ -265,22 +265,15 @@ func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
 	}
 }
 
-func (u *UDP) reapLoop(done <-chan struct{}) {
-	t := time.NewTicker(max(u.cfg.CacheExpiry/4, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case now := <-t.C:
-			u.expired.Add(int64(u.cache.expire(now)))
-			u.whoMu.Lock()
-			for a, at := range u.whoHas {
-				if now.Sub(at) > u.cfg.WhoHasTimeout {
-					delete(u.whoHas, a)
-				}
-			}
-			u.whoMu.Unlock()
+// reap expires address-cache entries and old WHO_HAS marks.
+func (u *UDP) reap() {
+	now := time.Now()
+	u.expired.Add(int64(u.cache.expire(now)))
+	u.whoMu.Lock()
+	defer u.whoMu.Unlock()
+	for a, at := range u.whoHas {
+		if now.Sub(at) > u.cfg.WhoHasTimeout {
+			delete(u.whoHas, a)
 		}
 	}
 }

@@ -58,9 +58,9 @@ func exchange(t *testing.T, cfg udp.Config) {
 		require.Empty(t, o.col.CheckExactlyOnce(others, per, true))
 	}
 	for _, m := range ms {
-		require.Zero(t, stat(m.udp, "socket_errors"))
-		require.Zero(t, stat(m.udp, "dropped_no_physical_address"))
-		require.Positive(t, stat(m.udp, "bundles_sent"))
+		require.Zero(t, stacktest.Stat(t, m.udp, "socket_errors"))
+		require.Zero(t, stacktest.Stat(t, m.udp, "dropped_no_physical_address"))
+		require.Positive(t, stacktest.Stat(t, m.udp, "bundles_sent"))
 	}
 }
 
@@ -91,7 +91,7 @@ func TestTwoClustersOnOneMulticastAddressNeverMix(t *testing.T) {
 	}{{one, "for one"}, {two, "for two"}} {
 		for _, m := range grp.ms {
 			stacktest.WaitFor(t, wait, func() bool {
-				return m.col.Len() == 1 && stat(m.udp, "dropped_wrong_cluster") >= 1
+				return m.col.Len() == 1 && stacktest.Stat(t, m.udp, "dropped_wrong_cluster") >= 1
 			}, "%s gets its own cluster's message and drops the other's", m.ch.Address())
 			require.Equal(t, grp.want, string(m.col.Messages()[0].Payload))
 		}
@@ -104,9 +104,9 @@ func TestOwnMulticastIsLoopedBackOnceAndNetworkCopyDropped(t *testing.T) {
 	a := ms[0]
 	require.NoError(t, a.ch.SendTo(context.Background(), stack.Address{}, []byte("self")))
 	stacktest.WaitFor(t, wait, func() bool { return ms[1].col.Len() == 1 }, "peer receives")
-	stacktest.WaitFor(t, wait, func() bool { return stat(a.udp, "dropped_own_multicast") == 1 }, "own copy from the network dropped")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.udp, "dropped_own_multicast") == 1 }, "own copy from the network dropped")
 	require.Equal(t, 1, a.col.Len(), "delivered to self exactly once, by loopback")
-	require.EqualValues(t, 1, stat(a.udp, "loopbacks"))
+	require.EqualValues(t, 1, stacktest.Stat(t, a.udp, "loopbacks"))
 
 	m := stack.NewMessage(stack.Address{}, []byte("not to self"))
 	m.SetTransient(stack.DontLoopback)
@@ -131,7 +131,7 @@ func TestHostileDatagramsAreCountedAndMemberKeepsWorking(t *testing.T) {
 	dropped := func() int64 {
 		var n int64
 		for _, k := range []string{"dropped_malformed", "dropped_wrong_version", "dropped_wrong_cluster", "dropped_oversized", "dropped_not_for_us"} {
-			n += stat(victim.udp, k)
+			n += stacktest.Stat(t, victim.udp, k)
 		}
 		return n
 	}
@@ -180,10 +180,10 @@ func TestUnknownPhysicalAddressAsksDiscovery(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("no WHO_HAS event")
 	}
-	stacktest.WaitFor(t, wait, func() bool { return stat(ms[0].udp, "dropped_no_physical_address") == 1 }, "drop counted")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, ms[0].udp, "dropped_no_physical_address") == 1 }, "drop counted")
 	require.NoError(t, ms[0].ch.SendTo(context.Background(), stranger, []byte("y")))
-	stacktest.WaitFor(t, wait, func() bool { return stat(ms[0].udp, "dropped_no_physical_address") == 2 }, "drop counted")
-	require.EqualValues(t, 1, stat(ms[0].udp, "who_has_sent"), "asked once per who_has_cache_timeout")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, ms[0].udp, "dropped_no_physical_address") == 2 }, "drop counted")
+	require.EqualValues(t, 1, stacktest.Stat(t, ms[0].udp, "who_has_sent"), "asked once per who_has_cache_timeout")
 }
 
 type whoHasProbe struct {
@@ -211,12 +211,12 @@ func TestInternalAndDontBundleAreSentAtOnce(t *testing.T) {
 	t.Parallel()
 	ms := startMembers(t, 2, "urgent", testConfig(t), nil)
 	a, b := ms[0], ms[1]
-	before := stat(a.udp, "datagrams_sent")
+	before := stacktest.Stat(t, a.udp, "datagrams_sent")
 	for _, f := range []stack.Flags{stack.Internal, stack.DontBundle} {
 		require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("now")).Set(f)))
 	}
 	// Sent on the caller's goroutine: the datagrams are out when Send returns.
-	require.Equal(t, before+2, stat(a.udp, "datagrams_sent"))
+	require.Equal(t, before+2, stacktest.Stat(t, a.udp, "datagrams_sent"))
 	stacktest.WaitFor(t, wait, func() bool { return b.col.Len() == 2 }, "both delivered")
 }
 

@@ -26,9 +26,6 @@ func (t hdrType) String() string {
 	return fmt.Sprintf("type(%d)", t)
 }
 
-// maxMissingOnWire bounds the seqnos one XMIT_REQ may carry when decoded.
-const maxMissingOnWire = 8192
-
 // Header is UNICAST2's header.
 //
 //	DATA:             seqno, conn_id, first
@@ -66,12 +63,7 @@ func (h *Header) Size() int {
 	case typeData:
 		n += stack.UvarintSize(h.Seqno) + 2 + 1
 	case typeXmitReq:
-		n += 2 + stack.UvarintSize(uint64(len(h.Missing)))
-		prev := uint64(0)
-		for _, s := range h.Missing {
-			n += stack.UvarintSize(s - prev)
-			prev = s
-		}
+		n += 2 + stack.SeqnoListSize(h.Missing)
 	case typeSendFirstSeqno:
 		n += 4
 	case typeStable:
@@ -90,12 +82,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 		b = stack.AppendBool(b, h.First)
 	case typeXmitReq:
 		b = stack.AppendUint16(b, h.ConnID)
-		b = stack.AppendUvarint(b, uint64(len(h.Missing)))
-		prev := uint64(0)
-		for _, s := range h.Missing {
-			b = stack.AppendUvarint(b, s-prev)
-			prev = s
-		}
+		b = stack.AppendSeqnoList(b, h.Missing)
 	case typeSendFirstSeqno:
 		b = stack.AppendUint32(b, h.Timestamp)
 	case typeStable:
@@ -116,21 +103,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		h.First = r.Bool()
 	case typeXmitReq:
 		h.ConnID = r.Uint16()
-		n := r.Uvarint()
-		if n > maxMissingOnWire || n > uint64(r.Len()) {
-			r.Fail("XMIT_REQ with %d seqnos", n)
-			break
-		}
-		h.Missing = make([]uint64, n)
-		prev := uint64(0)
-		for i := range h.Missing {
-			d := r.Uvarint()
-			if i > 0 && d == 0 {
-				r.Fail("XMIT_REQ seqnos not increasing")
-			}
-			prev += d
-			h.Missing[i] = prev
-		}
+		h.Missing = r.SeqnoList()
 	case typeSendFirstSeqno:
 		h.Timestamp = r.Uint32()
 	case typeStable:

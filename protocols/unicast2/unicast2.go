@@ -56,8 +56,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_stable_msgs", "must be >= 1, got %d", c.MaxStableMsgs)
 	case c.MaxBytes <= 0:
 		return stack.BadKey("max_bytes", "must be > 0, got %d", c.MaxBytes)
-	case c.MaxXmitReq < 1 || c.MaxXmitReq > maxMissingOnWire:
-		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", maxMissingOnWire, c.MaxXmitReq)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > stack.MaxSeqnoList:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", stack.MaxSeqnoList, c.MaxXmitReq)
 	case c.ConnExpiry < 0:
 		return stack.BadKey("conn_expiry_timeout", "must not be negative (0 disables), got %s", c.ConnExpiry)
 	case c.ConnCloseTimeout <= 0:
@@ -159,8 +159,8 @@ func (u *Unicast2) Init() error { return u.cfg.Validate() }
 
 // Start starts the retransmission and stable timers.
 func (u *Unicast2) Start() error {
-	u.Go(func(done <-chan struct{}) { u.every(u.cfg.XmitInterval, done, u.xmitTask) })
-	u.Go(func(done <-chan struct{}) { u.every(u.cfg.StableInterval, done, func() { u.sendStables(false) }) })
+	u.GoEvery(u.cfg.XmitInterval, u.xmitTask)
+	u.GoEvery(u.cfg.StableInterval, func() { u.sendStables(false) })
 	return nil
 }
 
@@ -172,19 +172,6 @@ func (u *Unicast2) Stop() {
 	clear(u.recv)
 	clear(u.tombs)
 	clear(u.syncSent)
-}
-
-func (u *Unicast2) every(d time.Duration, done <-chan struct{}, f func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-t.C:
-			f()
-		}
-	}
 }
 
 // newer reports whether timestamp a is after b, across wrap-around.

@@ -26,15 +26,6 @@ func testConfig() unicast2.Config {
 	return cfg
 }
 
-func stat(p stack.StatsReporter, name string) int64 {
-	for _, s := range p.Stats() {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	panic("no stat " + name)
-}
-
 func hdr(m *stack.Message) *unicast2.Header {
 	h, _ := m.Header(stack.IDUNICAST2).(*unicast2.Header)
 	return h
@@ -135,7 +126,7 @@ func seedScenario(t *testing.T, fixOff bool) (problem string) {
 		p.sendRange(t, 1, 9)
 		stacktest.WaitFor(t, time.Second, upto(9), "B has 1..9")
 		ub.SendStables()
-		stacktest.WaitFor(t, time.Second, func() bool { return stat(ua, "msgs_held_for_retransmission") == 0 }, "A purged 1..9")
+		stacktest.WaitFor(t, time.Second, func() bool { return stacktest.Stat(t, ua, "msgs_held_for_retransmission") == 0 }, "A purged 1..9")
 
 		// A sends 10..12; B's STABLE(12) is delayed in the network.
 		hold.mu.Lock()
@@ -150,7 +141,7 @@ func seedScenario(t *testing.T, fixOff bool) (problem string) {
 		// A sends 13..20: A's send table for B is 10|20, B's table for A 10|20.
 		p.sendRange(t, 13, 20)
 		stacktest.WaitFor(t, time.Second, upto(20), "B has 13..20")
-		require.EqualValues(t, 11, stat(ua, "msgs_held_for_retransmission"))
+		require.EqualValues(t, 11, stacktest.Stat(t, ua, "msgs_held_for_retransmission"))
 
 		// From now on B's STABLEs and A's resync replies and retransmissions
 		// are lost; B's view drops A and B closes its receive connection.
@@ -164,7 +155,7 @@ func seedScenario(t *testing.T, fixOff bool) (problem string) {
 		// A sends 21; B has no window for A, drops it and asks for the first
 		// seqno; A's answer is dropped.
 		p.sendRange(t, 21, 21)
-		stacktest.WaitFor(t, time.Second, func() bool { return stat(ua, "send_first_seqno_received") >= 1 }, "A asked for its first seqno")
+		stacktest.WaitFor(t, time.Second, func() bool { return stacktest.Stat(t, ua, "send_first_seqno_received") >= 1 }, "A asked for its first seqno")
 		synctest.Wait()
 
 		// The STABLE(12) that B sent before closing reaches A late.
@@ -181,11 +172,11 @@ func seedScenario(t *testing.T, fixOff bool) (problem string) {
 		})
 		if ok {
 			ub.SendStables()
-			ok = stacktest.Eventually(time.Minute, func() bool { return stat(ua, "msgs_held_for_retransmission") == 0 })
+			ok = stacktest.Eventually(time.Minute, func() bool { return stacktest.Stat(t, ua, "msgs_held_for_retransmission") == 0 })
 		}
 		switch {
-		case stat(ua, "xmit_reqs_for_purged") > 0:
-			problem = fmt.Sprintf("A purged messages B still needed (%d XMIT_REQs for purged seqnos)", stat(ua, "xmit_reqs_for_purged"))
+		case stacktest.Stat(t, ua, "xmit_reqs_for_purged") > 0:
+			problem = fmt.Sprintf("A purged messages B still needed (%d XMIT_REQs for purged seqnos)", stacktest.Stat(t, ua, "xmit_reqs_for_purged"))
 		case !ok:
 			problem = fmt.Sprintf("B did not get message 21 and stabilise; B has %v", p.recvFrom())
 		default:
@@ -200,7 +191,7 @@ func seedScenario(t *testing.T, fixOff bool) (problem string) {
 			}
 		}
 		if !fixOff {
-			require.EqualValues(t, 1, stat(ua, "stale_stables_ignored"), "the late STABLE(12) is recognised as stale")
+			require.EqualValues(t, 1, stacktest.Stat(t, ua, "stale_stables_ignored"), "the late STABLE(12) is recognised as stale")
 		}
 	})
 	return problem
@@ -243,7 +234,7 @@ func TestLostFirstAndLastMessagesAreRecovered(t *testing.T) {
 		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 5 }, "lost last message recovered")
 		require.Empty(t, p.c.Recv[1].CheckExactlyOnce([]stack.Address{p.aa}, 5, true))
 		require.Equal(t, []uint64{1, 5}, dropped)
-		stacktest.WaitFor(t, time.Minute, func() bool { return stat(p.u[0], "msgs_held_for_retransmission") == 0 }, "all stable")
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 }, "all stable")
 	})
 }
 
@@ -278,7 +269,7 @@ func TestRandomFaultsWithUnilateralCloses(t *testing.T) {
 					}
 				}
 				stacktest.WaitFor(t, 10*time.Minute, func() bool {
-					return stat(p.u[0], "msgs_held_for_retransmission") == 0 && len(p.recvFrom()) >= n
+					return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 && len(p.recvFrom()) >= n
 				}, "everything delivered and stable (B has %d)", len(p.recvFrom()))
 				// (XMIT_REQs for purged seqnos may occur here: a duplicated or
 				// reordered request can arrive after its message became stable.
@@ -311,7 +302,7 @@ func TestOOBIsReliableAndDeliveredAtOnceExactlyOnce(t *testing.T) {
 		require.ElementsMatch(t, []int{0, 2, 3, 4}, p.recvFrom(), "OOB delivered before the lost regular message, once each")
 		lose.Store(false)
 		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 5 }, "regular message recovered")
-		stacktest.WaitFor(t, time.Minute, func() bool { return stat(p.u[0], "msgs_held_for_retransmission") == 0 }, "all stable")
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 }, "all stable")
 		require.Len(t, p.recvFrom(), 5, "retransmissions and duplicates are not delivered again")
 		require.Equal(t, 1, p.recvFrom()[4], "the regular message comes last")
 	})
@@ -324,7 +315,7 @@ func TestNoReliabilityMulticastAndSelfPassUntouched(t *testing.T) {
 		require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(stack.Address{}, []byte("group"))))
 		require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(p.aa, []byte("self"))))
 		synctest.Wait()
-		require.Zero(t, stat(p.u[0], "msgs_sent"), "none of them got a seqno")
+		require.Zero(t, stacktest.Stat(t, p.u[0], "msgs_sent"), "none of them got a seqno")
 		require.Equal(t, 2, p.c.Recv[1].Len())
 		require.Equal(t, 2, p.c.Recv[0].Len(), "own multicast and unicast to self")
 		for _, m := range append(p.c.Recv[0].Messages(), p.c.Recv[1].Messages()...) {
@@ -344,16 +335,16 @@ func TestViewChangeClosesBothSidesAndIdleConnectionsAreReaped(t *testing.T) {
 		require.NoError(t, p.b.Send(t.Context(), stack.NewMessage(p.aa, stacktest.Payload(1, 0, 8))))
 		stacktest.WaitFor(t, time.Second, func() bool { return p.c.Recv[0].Len() == 1 && p.c.Recv[1].Len() == 1 }, "delivered")
 		for _, u := range p.u {
-			require.EqualValues(t, 1, stat(u, "send_connections"))
-			require.EqualValues(t, 1, stat(u, "receive_connections"))
+			require.EqualValues(t, 1, stacktest.Stat(t, u, "send_connections"))
+			require.EqualValues(t, 1, stacktest.Stat(t, u, "receive_connections"))
 		}
 		stacktest.InjectView(t, stack.NewView(p.ba, 5, p.ba), p.b)
-		require.Zero(t, stat(p.u[1], "send_connections"))
-		require.Zero(t, stat(p.u[1], "receive_connections"))
-		require.EqualValues(t, 1, stat(p.u[1], "closed_connections_remembered"))
+		require.Zero(t, stacktest.Stat(t, p.u[1], "send_connections"))
+		require.Zero(t, stacktest.Stat(t, p.u[1], "receive_connections"))
+		require.EqualValues(t, 1, stacktest.Stat(t, p.u[1], "closed_connections_remembered"))
 
 		stacktest.WaitFor(t, time.Minute, func() bool {
-			return stat(p.u[0], "send_connections") == 0 && stat(p.u[0], "receive_connections") == 0
+			return stacktest.Stat(t, p.u[0], "send_connections") == 0 && stacktest.Stat(t, p.u[0], "receive_connections") == 0
 		}, "A's idle connections reaped after conn_expiry_timeout")
 	})
 }
@@ -377,7 +368,7 @@ func TestConcurrentConnectionCreationOnBothSides(t *testing.T) {
 		wg.Wait()
 		stacktest.WaitFor(t, 5*time.Minute, func() bool {
 			return p.c.Recv[0].Len() == 4*n && p.c.Recv[1].Len() == 4*n &&
-				stat(p.u[0], "msgs_held_for_retransmission") == 0 && stat(p.u[1], "msgs_held_for_retransmission") == 0
+				stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 && stacktest.Stat(t, p.u[1], "msgs_held_for_retransmission") == 0
 		}, "both directions delivered and stable")
 		for i := range 2 {
 			seen := map[[2]int]bool{}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -399,3 +400,36 @@ func (r WindowReceiver) Receive(*stack.Message) { r.W.Got() }
 
 // ViewAccepted does nothing.
 func (r WindowReceiver) ViewAccepted(*stack.View) {}
+
+// Stat returns the counter name of p; it fails t if p has no such counter.
+func Stat(t testing.TB, p stack.StatsReporter, name string) int64 {
+	t.Helper()
+	for _, s := range p.Stats() {
+		if s.Name == name {
+			return s.Value
+		}
+	}
+	t.Fatalf("%T has no statistic %q", p, name)
+	return 0
+}
+
+// CheckHeaderSizes checks every registered header's samples: Size must equal
+// the encoded length, and decoding must give the header back.
+func CheckHeaderSizes(t *testing.T) {
+	for id, name := range stack.HeaderIDs() {
+		t.Run(name, func(t *testing.T) {
+			for i, h := range stack.HeaderSamples(id) {
+				enc := h.AppendTo(nil)
+				if h.Size() != len(enc) {
+					t.Errorf("sample %d (%v): Size() %d, encoded %d bytes", i, h, h.Size(), len(enc))
+				}
+				dec, err := stack.DecodeHeader(id, enc)
+				if err != nil {
+					t.Errorf("sample %d (%v): %v", i, h, err)
+				} else if !reflect.DeepEqual(dec, h) {
+					t.Errorf("sample %d: round trip gives %#v, want %#v", i, dec, h)
+				}
+			}
+		})
+	}
+}
