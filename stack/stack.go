@@ -20,7 +20,7 @@ type Stack struct {
 	top     *topLayer
 	state   stackState
 	local   atomic.Pointer[Address]
-	cluster string
+	cluster atomic.Pointer[string]
 	log     *slog.Logger
 	lanes   *lanes
 }
@@ -142,17 +142,14 @@ func (s *Stack) SetLocalAddress(a Address) { s.local.Store(&a) }
 
 // Cluster returns the cluster name set by Connect.
 func (s *Stack) Cluster() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cluster
+	if c := s.cluster.Load(); c != nil {
+		return *c
+	}
+	return ""
 }
 
 // SetCluster records the cluster name; the channel does this on Connect.
-func (s *Stack) SetCluster(name string) {
-	s.mu.Lock()
-	s.cluster = name
-	s.mu.Unlock()
-}
+func (s *Stack) SetCluster(name string) { s.cluster.Store(&name) }
 
 // Protocols returns the layers, bottom first.
 func (s *Stack) Protocols() []Protocol {
