@@ -55,6 +55,7 @@ type NAKACK struct {
 	view     *stack.View
 	seqno    uint64 // last seqno this member sent
 	lastSent uint64 // seqno at the previous xmit run, for HIGHEST_SEQNO
+	lastTick uint64 // seqno at the previous xmit run, for own messages whose loopback was lost
 	backoff  time.Duration
 	lastHS   time.Time
 
@@ -97,7 +98,7 @@ func (n *NAKACK) Init() error { return n.cfg.Validate() }
 func (n *NAKACK) Start() error {
 	n.mu.Lock()
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
-	n.seqno, n.lastSent, n.view = 0, 0, nil
+	n.seqno, n.lastSent, n.lastTick, n.view = 0, 0, 0, nil
 	n.mu.Unlock()
 	n.GoEvery(n.cfg.XmitInterval, n.xmitTask)
 	return nil
@@ -389,6 +390,18 @@ func (n *NAKACK) xmitTask() {
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
 	}
 	own := n.tables[self]
+	// Own messages are delivered when the transport loops them back; one
+	// dropped on the way down (a lossy layer above the transport) would hold
+	// up every later one, so after a whole interval deliver it from here.
+	recoverOwn := false
+	if own != nil {
+		for s := own.hd + 1; s <= n.lastTick; s++ {
+			if e := own.msgs[s]; e != nil && !e.arrived {
+				e.arrived, recoverOwn = true, true
+			}
+		}
+	}
+	n.lastTick = n.seqno
 	if n.seqno != n.lastSent {
 		n.lastSent, n.backoff = n.seqno, 0
 	} else if n.seqno > 0 && own != nil && own.low <= n.seqno {
@@ -407,6 +420,9 @@ func (n *NAKACK) xmitTask() {
 	}
 	if announce > 0 {
 		n.control(stack.Address{}, &Header{Type: typeHighestSeqno, Seqno: announce})
+	}
+	if recoverOwn {
+		n.deliverFrom(self)
 	}
 }
 

@@ -205,3 +205,27 @@ func TestDigestGetAndSet(t *testing.T) {
 		require.NoError(t, r.Err())
 	})
 }
+
+// TestOwnMulticastLostBelowIsStillDeliveredToSelf: a lossy layer between
+// NAKACK and the transport drops a multicast on its way down, so its
+// loopback never comes; the sender still delivers it (and the others get it
+// by retransmission), and later ones are not held up.
+func TestOwnMulticastLostBelowIsStillDeliveredToSelf(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(t, 2, 1)
+		var once atomic.Bool
+		g.d[0].DropDownIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+			return ok && h.Seqno == 2 && m.IsMulticast() && once.CompareAndSwap(false, true)
+		})
+		a := g.c.Channels[0]
+		for s := range 4 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 4 && g.c.Recv[1].Len() == 4 }, "all delivered on both")
+		for _, r := range g.c.Recv {
+			require.Empty(t, r.CheckExactlyOnce([]stack.Address{a.Address()}, 4, true))
+		}
+		require.True(t, once.Load())
+	})
+}
