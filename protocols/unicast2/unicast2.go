@@ -227,6 +227,20 @@ func (u *Unicast2) asFirst(m *stack.Message) *stack.Message {
 	return c
 }
 
+// acceptTimestamp records ts from e's receiver and reports whether it is
+// newer than any seen before: STABLEs and SEND_FIRST_SEQNOs produced before
+// a resync are ignored (JGRP-1875). Callers hold u.mu.
+func (u *Unicast2) acceptTimestamp(e *sendEntry, ts uint32) bool {
+	if u.fixOff {
+		return true
+	}
+	if e.haveTS && !newer(ts, e.lastTS) {
+		return false
+	}
+	e.lastTS, e.haveTS = ts, true
+	return true
+}
+
 func (u *Unicast2) handleStable(src stack.Address, h *Header) {
 	u.st.stableRecv.Add(1)
 	var resend []*stack.Message
@@ -236,13 +250,10 @@ func (u *Unicast2) handleStable(src stack.Address, h *Header) {
 		u.mu.Unlock()
 		return
 	}
-	if !u.fixOff {
-		if e.haveTS && !newer(h.Timestamp, e.lastTS) {
-			u.mu.Unlock()
-			u.st.stableStale.Add(1)
-			return
-		}
-		e.lastTS, e.haveTS = h.Timestamp, true
+	if !u.acceptTimestamp(e, h.Timestamp) {
+		u.mu.Unlock()
+		u.st.stableStale.Add(1)
+		return
 	}
 	e.acked = true
 	if h.HD >= e.low {
@@ -274,13 +285,10 @@ func (u *Unicast2) handleSendFirstSeqno(src stack.Address, h *Header) {
 		u.mu.Unlock()
 		return
 	}
-	if !u.fixOff {
-		if e.haveTS && !newer(h.Timestamp, e.lastTS) {
-			u.mu.Unlock()
-			u.st.firstStale.Add(1)
-			return
-		}
-		e.lastTS, e.haveTS = h.Timestamp, true
+	if !u.acceptTimestamp(e, h.Timestamp) {
+		u.mu.Unlock()
+		u.st.firstStale.Add(1)
+		return
 	}
 	if len(e.msgs) == 0 {
 		u.mu.Unlock()
