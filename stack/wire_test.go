@@ -224,23 +224,3 @@ func FuzzReadView(f *testing.F) {
 		}
 	})
 }
-
-func FuzzDecodeHeaders(f *testing.F) {
-	for id := range stack.HeaderIDs() {
-		for _, h := range stack.HeaderSamples(id) {
-			f.Add(id, h.AppendTo(nil))
-		}
-	}
-	f.Fuzz(func(t *testing.T, id uint16, body []byte) {
-		h, err := stack.DecodeHeader(id, body)
-		if err != nil {
-			if !errors.Is(err, stack.ErrMalformed) {
-				t.Fatal(err)
-			}
-			return
-		}
-		if h.Size() != len(h.AppendTo(nil)) {
-			t.Fatalf("decoded header %v: Size %d, encoded %d", h, h.Size(), len(h.AppendTo(nil)))
-		}
-	})
-}
