@@ -23,7 +23,7 @@ type Config struct {
 }
 
 // DefaultConfig returns NAKACK's defaults.
-func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 1024} }
+func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 256} }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -75,7 +75,12 @@ type table struct {
 	msgs        map[uint64]*entry
 	bytes       int64
 	removing    bool
+	xmit        stack.Pacer
 }
+
+// maxXmitBytes caps the payload one retransmission request is answered
+// with; the requester asks again for the rest.
+const maxXmitBytes = 1 << 20
 
 type entry struct {
 	m         *stack.Message
@@ -332,8 +337,10 @@ func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 	var out []*stack.Message
 	n.mu.Lock()
 	if t := n.tables[h.Sender]; t != nil {
+		bytes := 0
 		for _, s := range h.Missing {
-			if e := t.msgs[s]; e != nil {
+			if e := t.msgs[s]; e != nil && bytes < maxXmitBytes {
+				bytes += len(e.m.Payload)
 				c := e.m.Copy()
 				c.Dest = from
 				c.PutHeader(n.ID(), &Header{Type: typeXmitRsp, Seqno: s})
@@ -370,7 +377,7 @@ func (n *NAKACK) xmitTask() {
 		}
 	}
 	for src, t := range n.tables {
-		if src == self || t.hr <= t.hd {
+		if src == self || t.hr <= t.hd || !t.xmit.Due(now, t.hd, n.cfg.XmitInterval) {
 			continue
 		}
 		var missing []uint64

@@ -40,7 +40,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		XmitInterval: 500 * time.Millisecond, StableInterval: 5 * time.Second, MaxStableMsgs: 5,
-		MaxBytes: 10_000_000, MaxXmitReq: 1024,
+		MaxBytes: 10_000_000, MaxXmitReq: 256,
 		ConnExpiry: 2 * time.Minute, ConnCloseTimeout: 4 * time.Minute, SyncMinInterval: 2 * time.Second,
 	}
 }
@@ -132,6 +132,7 @@ type recvEntry struct {
 	sameStable int
 	removing   bool
 	used       time.Time
+	xmit       stack.Pacer
 }
 
 type tombstone struct {
@@ -173,6 +174,9 @@ func (u *Unicast2) Stop() {
 	clear(u.tombs)
 	clear(u.syncSent)
 }
+
+// maxXmitBytes caps the payload one retransmission request is answered with.
+const maxXmitBytes = 1 << 20
 
 // newer reports whether timestamp a is after b, across wrap-around.
 func newer(a, b uint32) bool { return int32(a-b) > 0 }
@@ -312,9 +316,14 @@ func (u *Unicast2) handleXmitReq(src stack.Address, h *Header) {
 		u.mu.Unlock()
 		return
 	}
+	bytes := 0
 	for _, s := range h.Missing {
 		switch {
 		case s >= e.low && s < e.next:
+			if bytes >= maxXmitBytes {
+				continue // the receiver asks again for the rest
+			}
+			bytes += len(e.msgs[s-e.low].Payload)
 			out = append(out, e.msgs[s-e.low])
 		case s < e.low:
 			u.st.xmitMissing.Add(1) // asked for a message this sender already purged
@@ -554,6 +563,9 @@ func (u *Unicast2) xmitTask() {
 	u.mu.Lock()
 	for src, e := range u.recv {
 		var missing []uint64
+		if e.highest >= e.next && !e.xmit.Due(now, e.next, u.cfg.XmitInterval) {
+			continue
+		}
 		for s := e.next; s <= e.highest && len(missing) < u.cfg.MaxXmitReq; s++ {
 			if _, ok := e.buf[s]; !ok {
 				missing = append(missing, s)

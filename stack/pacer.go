@@ -1,0 +1,29 @@
+package stack
+
+import "time"
+
+// Pacer spaces out retransmission requests that make no progress. A request
+// whose answers are still on their way (or were lost in a full socket
+// buffer) is not repeated every interval, which would feed a retransmission
+// storm: while the progress mark stays put, the wait doubles, up to 16
+// intervals. Reliable protocols keep one per peer. The zero value is ready.
+type Pacer struct {
+	at   time.Time
+	mark uint64
+	wait time.Duration
+}
+
+// Due reports whether a request may go out at now, given a progress mark
+// (such as the highest delivered seqno), and records it if so.
+func (p *Pacer) Due(now time.Time, mark uint64, interval time.Duration) bool {
+	switch {
+	case mark != p.mark || p.wait == 0:
+		p.mark, p.wait = mark, interval
+	case now.Sub(p.at) < p.wait:
+		return false
+	default:
+		p.wait = min(2*p.wait, 16*interval)
+	}
+	p.at = now
+	return true
+}
