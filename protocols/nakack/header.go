@@ -117,6 +117,15 @@ func (d Digest) Get(member stack.Address) (DigestEntry, bool) {
 	return DigestEntry{}, false
 }
 
+// DigestSize returns the encoded length of d.
+func DigestSize(d Digest) int {
+	n := stack.UvarintSize(uint64(len(d)))
+	for _, e := range d {
+		n += stack.AddressSize + stack.UvarintSize(e.HighestDelivered) + stack.UvarintSize(e.HighestReceived)
+	}
+	return n
+}
+
 // AppendDigest appends the wire encoding of d.
 func AppendDigest(b []byte, d Digest) []byte {
 	b = stack.AppendUvarint(b, uint64(len(d)))

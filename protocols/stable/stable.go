@@ -61,7 +61,9 @@ type Header struct {
 }
 
 // Size returns the encoded length.
-func (h *Header) Size() int { return len(h.AppendTo(nil)) }
+func (h *Header) Size() int {
+	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + nakack.DigestSize(h.Digest)
+}
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
