@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 )
 
 // ErrMalformed is wrapped by every decoding error, so receivers can count
@@ -280,4 +281,47 @@ func (r *Reader) SeqnoList() []uint64 {
 		out[i] = prev
 	}
 	return out
+}
+
+// AppendAddrPort appends a network address: a length byte (0, 4 or 16), the
+// IP and, unless the length is 0, a big-endian port.
+func AppendAddrPort(b []byte, ap netip.AddrPort) []byte {
+	if !ap.IsValid() {
+		return append(b, 0)
+	}
+	ip := ap.Addr().Unmap()
+	raw := ip.AsSlice()
+	b = append(b, byte(len(raw)))
+	b = append(b, raw...)
+	return binary.BigEndian.AppendUint16(b, ap.Port())
+}
+
+// AddrPortSize returns the encoded length of ap.
+func AddrPortSize(ap netip.AddrPort) int {
+	if !ap.IsValid() {
+		return 1
+	}
+	if ap.Addr().Unmap().Is4() {
+		return 1 + 4 + 2
+	}
+	return 1 + 16 + 2
+}
+
+// AddrPort reads a network address written by AppendAddrPort.
+func (r *Reader) AddrPort() netip.AddrPort {
+	n := int(r.Uint8())
+	switch {
+	case r.err != nil || n == 0:
+		return netip.AddrPort{}
+	case n != 4 && n != 16:
+		r.Fail("address length %d", n)
+		return netip.AddrPort{}
+	}
+	raw := r.Bytes(n)
+	port := r.Uint16()
+	if r.err != nil {
+		return netip.AddrPort{}
+	}
+	ip, _ := netip.AddrFromSlice(raw)
+	return netip.AddrPortFrom(ip, port)
 }

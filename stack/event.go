@@ -3,6 +3,7 @@ package stack
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // PhysicalMapping ties a member's logical address to the network address
@@ -11,6 +12,33 @@ import (
 type PhysicalMapping struct {
 	Logical  Address
 	Physical netip.AddrPort
+}
+
+// MemberInfo is what discovery learns of one member: its addresses, its
+// name, and the coordinator it knows. EvFindMembers returns a list of them.
+type MemberInfo struct {
+	Addr     Address
+	Name     string
+	Physical netip.AddrPort // invalid when the transport has none (SIM)
+	Coord    Address        // the coordinator of its view; zero if it has none
+	IsServer bool           // it is a member of a view (not still joining)
+}
+
+// IsCoord reports whether the member says it is the coordinator of its view.
+func (mi MemberInfo) IsCoord() bool { return mi.IsServer && mi.Coord == mi.Addr }
+
+// FindMembers is the argument of EvFindMembers.
+type FindMembers struct {
+	Timeout time.Duration // how long to collect answers; 0: discovery's own timeout
+	// BreakOnCoord returns as soon as a coordinator answers.
+	BreakOnCoord bool
+}
+
+// PhysicalSend is the argument of EvSendToPhysical: one message to a
+// network address whose member is not known yet (static discovery).
+type PhysicalSend struct {
+	To  netip.AddrPort
+	Msg *Message
 }
 
 // EventType names a control event. Core events are below UserEvent;
@@ -41,7 +69,8 @@ const (
 	EvGetDigest
 	// EvSetDigest (down): set the digest (joiners, flush). Arg: that type.
 	EvSetDigest
-	// EvFindMembers (down): ask discovery for the current members.
+	// EvFindMembers (down): ask discovery who is out there. Arg:
+	// FindMembers. Returns []MemberInfo (never the local member).
 	EvFindMembers
 	// EvGetPhysicalAddress (down): query the transport. Arg: Address (zero:
 	// the local member). Returns netip.AddrPort, or nil if unknown.
@@ -67,6 +96,18 @@ const (
 	// reliable-multicast layers purge them. Arg: the digest type of the
 	// reliable-multicast protocol.
 	EvStable
+	// EvSendToPhysical (down): the transport sends one message to a network
+	// address. Arg: PhysicalSend. Transports without network addresses
+	// return ErrNotSupported.
+	EvSendToPhysical
+	// EvMerge (up): MERGE3 found other subgroups whose coordinators are
+	// listed; the membership protocol merges them. Arg: []Address (this
+	// member, the merge leader, first).
+	EvMerge
+	// EvKnownMembers (down): the transport lists every member it can reach
+	// by unicast (its address cache), so MERGE3 can reach other subgroups
+	// without IP multicast. Returns []Address, or nil if it cannot say.
+	EvKnownMembers
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -79,6 +120,7 @@ var eventNames = map[EventType]string{
 	EvGetPhysicalAddress: "GET_PHYSICAL_ADDRESS", EvAddPhysicalAddress: "ADD_PHYSICAL_ADDRESS",
 	EvWhoHas: "WHO_HAS", EvStartFlush: "START_FLUSH", EvStopFlush: "STOP_FLUSH",
 	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
+	EvSendToPhysical: "SEND_TO_PHYSICAL", EvMerge: "MERGE", EvKnownMembers: "KNOWN_MEMBERS",
 }
 
 func (t EventType) String() string {

@@ -59,6 +59,9 @@ var (
 	ErrNotConnected = errors.New("strata: not connected")
 	// ErrNoTransport: a message reached the bottom of a stack with no transport.
 	ErrNoTransport = errors.New("strata: no transport below")
+	// ErrNotSupported: a layer cannot do what an event asks (for example
+	// EvSendToPhysical on a transport without network addresses).
+	ErrNotSupported = errors.New("strata: not supported by this stack")
 )
 
 type link struct{ p Protocol }

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 )
@@ -45,6 +46,15 @@ type TransportCounters struct {
 //
 //lint:ignore U1000 called through the Transport interface (staticcheck misses the use in NewStack)
 func (t *TransportBase) transportBase() *TransportBase { return t }
+
+// DownEvent answers EvSendToPhysical with ErrNotSupported (a transport
+// with network addresses overrides it) and ends every other event.
+func (t *TransportBase) DownEvent(ctx context.Context, ev Event) (any, error) {
+	if ev.Type == EvSendToPhysical {
+		return nil, ErrNotSupported
+	}
+	return t.PassDownEvent(ctx, ev)
+}
 
 // Counters returns the transport's counters for the transport to update and
 // report.

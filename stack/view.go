@@ -198,3 +198,17 @@ func readView(r *Reader, allowMerge bool) *View {
 	}
 	return v
 }
+
+// ViewSize returns the length of AppendView's encoding of v.
+func ViewSize(v *View) int {
+	n := AddressSize + UvarintSize(v.ID.Seq) + UvarintSize(uint64(len(v.Members))) + len(v.Members)*AddressSize + 1
+	if v.IsMerge() {
+		n += UvarintSize(uint64(len(v.Subgroups)))
+		for _, s := range v.Subgroups {
+			sub := *s
+			sub.Subgroups = nil
+			n += ViewSize(&sub)
+		}
+	}
+	return n
+}

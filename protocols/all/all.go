@@ -6,10 +6,15 @@ import (
 	// Each protocol registers itself in init.
 	_ "github.com/strata-go/strata/protocols/delay"
 	_ "github.com/strata-go/strata/protocols/discard"
+	_ "github.com/strata-go/strata/protocols/fdall"
 	_ "github.com/strata-go/strata/protocols/frag"
+	_ "github.com/strata-go/strata/protocols/gms"
+	_ "github.com/strata-go/strata/protocols/merge3"
 	_ "github.com/strata-go/strata/protocols/nakack"
+	_ "github.com/strata-go/strata/protocols/ping"
 	_ "github.com/strata-go/strata/protocols/sim"
 	_ "github.com/strata-go/strata/protocols/stable"
 	_ "github.com/strata-go/strata/protocols/udp"
 	_ "github.com/strata-go/strata/protocols/unicast2"
+	_ "github.com/strata-go/strata/protocols/verifysuspect"
 )

@@ -46,6 +46,8 @@ type Network struct {
 	rngs    map[linkKey]*rand.Rand
 	order   map[stack.Address]uint64 // attach order: link seeds must not depend on random addresses
 	nextIdx uint64
+	cut     sync.Map // stack.Address -> true: isolated by Cut
+	ncut    atomic.Int32
 
 	// Counters.
 	Sent        atomic.Int64
@@ -178,6 +180,27 @@ func (n *Network) Partition(islands ...[]stack.Address) {
 	}
 }
 
+// Cut isolates a, as a crash looks from the network: no packet reaches it
+// or leaves it until Restore. Unlike Partition it may be called from a
+// DropIf predicate (to crash a member at one exact message).
+func (n *Network) Cut(a stack.Address) {
+	if _, loaded := n.cut.LoadOrStore(a, true); !loaded {
+		n.ncut.Add(1)
+	}
+}
+
+// Restore undoes Cut.
+func (n *Network) Restore(a stack.Address) {
+	if _, loaded := n.cut.LoadAndDelete(a); loaded {
+		n.ncut.Add(-1)
+	}
+}
+
+func (n *Network) isCut(a stack.Address) bool {
+	_, ok := n.cut.Load(a)
+	return ok
+}
+
 // Heal removes the partition.
 func (n *Network) Heal() {
 	n.mu.Lock()
@@ -218,6 +241,10 @@ type fate struct {
 func (n *Network) decide(from, to stack.Address, m *stack.Message) (fate, *endpoint) {
 	ep := n.members[to]
 	if ep == nil {
+		return fate{}, nil
+	}
+	if n.ncut.Load() > 0 && (n.isCut(from) || n.isCut(to)) {
+		n.Partitioned.Add(1)
 		return fate{}, nil
 	}
 	if n.island != nil && n.island[from] != n.island[to] {

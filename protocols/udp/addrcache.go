@@ -106,3 +106,16 @@ func (c *addrCache) size() int {
 	defer c.mu.RUnlock()
 	return len(c.m)
 }
+
+// members returns every member with a known address, but self.
+func (c *addrCache) members(self stack.Address) []stack.Address {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]stack.Address, 0, len(c.m))
+	for a := range c.m {
+		if a != self {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -332,6 +332,17 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			u.cache.learn(pm.Logical, pm.Physical)
 		}
 		return nil, nil
+	case stack.EvKnownMembers:
+		if u.cache == nil {
+			return nil, nil
+		}
+		return u.cache.members(u.LocalAddress()), nil
+	case stack.EvSendToPhysical:
+		ps, ok := ev.Arg.(stack.PhysicalSend)
+		if !ok || ps.Msg == nil || !ps.To.IsValid() {
+			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL with %v", ev.Arg)
+		}
+		return nil, u.sendToPhysical(ps)
 	case stack.EvGetPhysicalAddress:
 		a, _ := ev.Arg.(stack.Address)
 		if a.IsZero() || a == u.LocalAddress() {
@@ -345,6 +356,30 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		return nil, nil
 	}
 	return u.PassDownEvent(ctx, ev)
+}
+
+// sendToPhysical sends one message, unbundled, to a network address (static
+// discovery probing hosts whose members it does not know yet).
+func (u *UDP) sendToPhysical(ps stack.PhysicalSend) error {
+	if u.queue == nil {
+		return stack.ErrNotConnected
+	}
+	if ps.To == u.local {
+		return nil
+	}
+	m := ps.Msg
+	m.Src = u.LocalAddress()
+	s := u.getSender()
+	buf := u.getBuf()
+	*buf = stack.EncodeBundle(*buf, u.Stack().Cluster(), m.Src, false, m)
+	u.bundlesSent.Add(1)
+	u.bundleMsgs.Add(1)
+	u.bundleBytes.Add(int64(len(*buf)))
+	s.bufs = append(s.bufs, buf)
+	s.push(*buf, net.UDPAddrFromAddrPort(ps.To))
+	s.flush()
+	u.sndPool.Put(s)
+	return nil
 }
 
 // askWhoHas tells discovery (an event up) that a's physical address is

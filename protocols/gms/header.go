@@ -1,0 +1,200 @@
+package gms
+
+import (
+	"fmt"
+
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/stack"
+)
+
+// Message types.
+const (
+	typeJoinReq     uint8 = 1  // joiner -> coordinator
+	typeJoinRsp     uint8 = 2  // coordinator -> joiner: view and digest, or a refusal with the coordinator to ask
+	typeView        uint8 = 3  // coordinator -> group (multicast): a new view
+	typeViewAck     uint8 = 4  // member -> view creator: installed
+	typeLeaveReq    uint8 = 5  // leaver -> coordinator
+	typeLeaveRsp    uint8 = 6  // coordinator -> leaver
+	typeMergeReq    uint8 = 7  // merge leader -> subgroup coordinator
+	typeMergeRsp    uint8 = 8  // subgroup coordinator -> merge leader: its view and digest, or busy
+	typeInstallView uint8 = 9  // merge leader -> every member: the merge view and digest
+	typeCancelMerge uint8 = 10 // merge leader -> subgroup coordinators: the merge is off
+	maxType               = typeCancelMerge
+)
+
+var typeNames = [...]string{"?", "JOIN_REQ", "JOIN_RSP", "VIEW", "VIEW_ACK", "LEAVE_REQ", "LEAVE_RSP", "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW", "CANCEL_MERGE"}
+
+// Which optional fields a header carries (one bit each).
+const (
+	hasView uint8 = 1 << iota
+	hasDigest
+	hasViewID
+	hasMergeID
+	hasCoord
+	hasFail
+)
+
+// maxFail bounds a refusal's text on the wire.
+const maxFail = 512
+
+// MergeID names one merge attempt: its leader and a counter of the leader's.
+type MergeID struct {
+	Leader stack.Address
+	N      uint64
+}
+
+// Header is a GMS message. Which fields are set depends on the type.
+type Header struct {
+	Type    uint8
+	View    *stack.View   // JOIN_RSP, VIEW, MERGE_RSP, INSTALL_VIEW
+	Digest  nakack.Digest // JOIN_RSP, MERGE_RSP, INSTALL_VIEW (nil without NAKACK)
+	ViewID  stack.ViewID  // VIEW_ACK
+	MergeID MergeID       // MERGE_*, INSTALL_VIEW of a merge
+	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
+	Fail    string        // JOIN_RSP, MERGE_RSP refusals
+}
+
+// Kind names the message type ("JOIN_REQ", "VIEW", ...), for logs and for
+// tests that pick messages to drop.
+func (h *Header) Kind() string {
+	if int(h.Type) < len(typeNames) {
+		return typeNames[h.Type]
+	}
+	return "?"
+}
+
+func (h *Header) String() string { return fmt.Sprintf("GMS %s", h.Kind()) }
+
+func (h *Header) bits() uint8 {
+	var b uint8
+	if h.View != nil {
+		b |= hasView
+	}
+	if h.Digest != nil {
+		b |= hasDigest
+	}
+	if h.ViewID != (stack.ViewID{}) {
+		b |= hasViewID
+	}
+	if h.MergeID != (MergeID{}) {
+		b |= hasMergeID
+	}
+	if !h.Coord.IsZero() {
+		b |= hasCoord
+	}
+	if h.Fail != "" {
+		b |= hasFail
+	}
+	return b
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	n := 2
+	bits := h.bits()
+	if bits&hasView != 0 {
+		n += stack.ViewSize(h.View)
+	}
+	if bits&hasDigest != 0 {
+		n += nakack.DigestSize(h.Digest)
+	}
+	if bits&hasViewID != 0 {
+		n += stack.AddressSize + stack.UvarintSize(h.ViewID.Seq)
+	}
+	if bits&hasMergeID != 0 {
+		n += stack.AddressSize + stack.UvarintSize(h.MergeID.N)
+	}
+	if bits&hasCoord != 0 {
+		n += stack.AddressSize
+	}
+	if bits&hasFail != 0 {
+		n += stack.UvarintSize(uint64(len(h.Fail))) + len(h.Fail)
+	}
+	return n
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	bits := h.bits()
+	b = append(b, h.Type, bits)
+	if bits&hasView != 0 {
+		b = stack.AppendView(b, h.View)
+	}
+	if bits&hasDigest != 0 {
+		b = nakack.AppendDigest(b, h.Digest)
+	}
+	if bits&hasViewID != 0 {
+		b = stack.AppendAddress(b, h.ViewID.Creator)
+		b = stack.AppendUvarint(b, h.ViewID.Seq)
+	}
+	if bits&hasMergeID != 0 {
+		b = stack.AppendAddress(b, h.MergeID.Leader)
+		b = stack.AppendUvarint(b, h.MergeID.N)
+	}
+	if bits&hasCoord != 0 {
+		b = stack.AppendAddress(b, h.Coord)
+	}
+	if bits&hasFail != 0 {
+		b = stack.AppendString(b, h.Fail)
+	}
+	return b
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: r.Uint8()}
+	bits := r.Uint8()
+	if r.Err() == nil && (h.Type == 0 || h.Type > maxType) {
+		r.Fail("GMS message type %d", h.Type)
+	}
+	if bits&hasView != 0 {
+		h.View = stack.ReadView(r)
+	}
+	if bits&hasDigest != 0 {
+		h.Digest = nakack.ReadDigest(r)
+		if h.Digest == nil && r.Err() == nil {
+			h.Digest = nakack.Digest{}
+		}
+	}
+	if bits&hasViewID != 0 {
+		h.ViewID = stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}
+	}
+	if bits&hasMergeID != 0 {
+		h.MergeID = MergeID{Leader: r.Address(), N: r.Uvarint()}
+	}
+	if bits&hasCoord != 0 {
+		h.Coord = r.Address()
+	}
+	if bits&hasFail != 0 {
+		h.Fail = r.String(maxFail, "GMS refusal")
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	if bits >= hasFail<<1 {
+		return nil, fmt.Errorf("%w: GMS field bits %#x", stack.ErrMalformed, bits)
+	}
+	return h, nil
+}
+
+func sampleHeaders() []stack.Header {
+	a, b := stack.NewAddress(), stack.NewAddress()
+	v := stack.NewView(a, 4, a, b)
+	mv := stack.NewMergeView(a, 7, []stack.Address{a, b}, []*stack.View{stack.NewView(a, 5, a), stack.NewView(b, 6, b)})
+	d := nakack.Digest{{Member: a, HighestDelivered: 3, HighestReceived: 5}, {Member: b}}
+	mid := MergeID{Leader: a, N: 2}
+	return []stack.Header{
+		&Header{Type: typeJoinReq},
+		&Header{Type: typeJoinRsp, View: v, Digest: d},
+		&Header{Type: typeJoinRsp, View: v, Digest: nakack.Digest{}},
+		&Header{Type: typeJoinRsp, Coord: b, Fail: "not the coordinator"},
+		&Header{Type: typeView, View: v},
+		&Header{Type: typeViewAck, ViewID: v.ID},
+		&Header{Type: typeLeaveReq},
+		&Header{Type: typeLeaveRsp},
+		&Header{Type: typeMergeReq, MergeID: mid},
+		&Header{Type: typeMergeRsp, MergeID: mid, View: v, Digest: d},
+		&Header{Type: typeMergeRsp, MergeID: mid, Fail: "busy"},
+		&Header{Type: typeInstallView, MergeID: mid, View: mv, Digest: d},
+		&Header{Type: typeCancelMerge, MergeID: mid},
+	}
+}

@@ -1,0 +1,298 @@
+// Package merge3 is MERGE3: it finds the subgroups a partition left behind.
+// Every member announces its view id and coordinator now and then (at a
+// random time between min_interval and max_interval); every check_interval a
+// coordinator looks at the announcements it heard, and if they name other
+// coordinators and it has the lowest address of them all (the merge leader,
+// chosen the same way by everyone), it passes EvMerge up to GMS, which
+// merges the subgroups.
+package merge3
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/protocols/ping"
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures MERGE3.
+type Config struct {
+	MinInterval   time.Duration `toml:"min_interval" doc:"least time between two announcements of this member"`
+	MaxInterval   time.Duration `toml:"max_interval" doc:"most time between two announcements of this member"`
+	CheckInterval time.Duration `toml:"check_interval" doc:"how often a coordinator looks for other subgroups (0: 1.6 x max_interval)"`
+}
+
+// DefaultConfig returns the intervals of JGroups' udp.xml.
+func DefaultConfig() Config {
+	return Config{MinInterval: 10 * time.Second, MaxInterval: 30 * time.Second}
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.MinInterval <= 0:
+		return stack.BadKey("min_interval", "must be > 0, got %s", c.MinInterval)
+	case c.MaxInterval < c.MinInterval:
+		return stack.BadKey("max_interval", "(%s) must be >= min_interval (%s)", c.MaxInterval, c.MinInterval)
+	case c.CheckInterval < 0:
+		return stack.BadKey("check_interval", "must be >= 0, got %s", c.CheckInterval)
+	case c.CheckInterval > 0 && c.CheckInterval <= c.MaxInterval:
+		return stack.BadKey("check_interval", "(%s) must be greater than max_interval (%s), or a check can miss a subgroup's announcements", c.CheckInterval, c.MaxInterval)
+	}
+	return nil
+}
+
+func (c Config) check() time.Duration {
+	if c.CheckInterval > 0 {
+		return c.CheckInterval
+	}
+	return c.MaxInterval * 16 / 10
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "MERGE3", ID: stack.IDMERGE3,
+		Doc:      "finds subgroups after a partition heals (announced view ids) and has GMS merge them",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.RegisterHeader(stack.HeaderType{
+		ID: stack.IDMERGE3, Name: "MERGE3", Decode: decodeHeader,
+		Samples: func() []stack.Header {
+			a := stack.NewAddress()
+			return []stack.Header{
+				&Header{ViewID: stack.ViewID{Creator: a, Seq: 9}, Info: stack.MemberInfo{Addr: a, Name: "A", Physical: netip.MustParseAddrPort("127.0.0.1:7800"), IsServer: true, Coord: a}},
+				&Header{Info: stack.MemberInfo{Addr: a}},
+			}
+		},
+	})
+}
+
+// Header is an announcement: the sender's view id, coordinator, name and
+// physical address.
+type Header struct {
+	ViewID stack.ViewID
+	Info   stack.MemberInfo
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + ping.MemberInfoSize(h.Info)
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = stack.AppendAddress(b, h.ViewID.Creator)
+	b = stack.AppendUvarint(b, h.ViewID.Seq)
+	return ping.AppendMemberInfo(b, h.Info)
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{ViewID: stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}}
+	h.Info = ping.ReadMemberInfo(r)
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Merge3 is the MERGE3 protocol.
+type Merge3 struct {
+	stack.Base
+	cfg Config
+
+	mu    sync.Mutex
+	view  *stack.View
+	heard map[stack.Address]*Header // announcements since the last check
+
+	sent, received, merges atomic.Int64
+}
+
+var _ stack.Protocol = (*Merge3)(nil)
+
+// New returns a MERGE3 layer.
+func New(cfg Config) *Merge3 { return &Merge3{cfg: cfg, heard: map[stack.Address]*Header{}} }
+
+// Name returns "MERGE3".
+func (m *Merge3) Name() string { return "MERGE3" }
+
+// Init validates the config.
+func (m *Merge3) Init() error { return m.cfg.Validate() }
+
+// Start starts announcing and checking.
+func (m *Merge3) Start() error {
+	m.mu.Lock()
+	m.view = nil
+	clear(m.heard)
+	m.mu.Unlock()
+	m.Go(func(done <-chan struct{}) {
+		for {
+			d := m.cfg.MinInterval
+			if span := m.cfg.MaxInterval - m.cfg.MinInterval; span > 0 {
+				d += rand.N(span)
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-done:
+				t.Stop()
+				return
+			case <-t.C:
+				m.Announce()
+			}
+		}
+	})
+	m.GoEvery(m.cfg.check(), m.Check)
+	return nil
+}
+
+func (m *Merge3) self() *Header {
+	m.mu.Lock()
+	v := m.view
+	m.mu.Unlock()
+	if v == nil {
+		return nil
+	}
+	local := m.LocalAddress()
+	h := &Header{ViewID: v.ID, Info: stack.MemberInfo{Addr: local, IsServer: true, Coord: v.Coordinator()}}
+	h.Info.Name, _ = stack.LogicalName(local)
+	if p, _ := m.PassDownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{})); p != nil {
+		h.Info.Physical, _ = p.(netip.AddrPort)
+	}
+	return h
+}
+
+// Announce multicasts this member's view id now, and sends it to every
+// member the transport knows outside the view (for transports without IP
+// multicast, whose group messages reach only the view).
+func (m *Merge3) Announce() {
+	h := m.self()
+	if h == nil {
+		return
+	}
+	m.sendInfo(stack.Address{}, h)
+	known, _ := m.PassDownEvent(context.Background(), stack.Ev(stack.EvKnownMembers, nil))
+	as, _ := known.([]stack.Address)
+	m.mu.Lock()
+	v := m.view
+	m.mu.Unlock()
+	for _, a := range as {
+		if !v.Contains(a) {
+			m.sendInfo(a, h)
+		}
+	}
+}
+
+func (m *Merge3) sendInfo(dest stack.Address, h *Header) {
+	msg := stack.NewMessage(dest, nil).Set(stack.Internal | stack.OOB | stack.NoReliability)
+	msg.PutHeader(m.ID(), h)
+	m.sent.Add(1)
+	_ = m.PassDown(context.Background(), msg)
+}
+
+// Check looks at the announcements heard since the last check; a
+// coordinator that heard of other coordinators and has the lowest address
+// of them passes EvMerge up.
+func (m *Merge3) Check() {
+	self := m.LocalAddress()
+	m.mu.Lock()
+	v := m.view
+	heard := m.heard
+	m.heard = map[stack.Address]*Header{}
+	m.mu.Unlock()
+	if v == nil || v.Coordinator() != self {
+		return
+	}
+	coords := []stack.Address{self}
+	for src, h := range heard {
+		c := h.Info.Coord
+		if c.IsZero() {
+			c = src
+		}
+		if (!v.Contains(src) || !v.Contains(c)) && !slices.Contains(coords, c) {
+			coords = append(coords, c)
+		}
+	}
+	if len(coords) < 2 {
+		return
+	}
+	for _, c := range coords[1:] {
+		if c.Compare(self) < 0 {
+			return // that coordinator leads the merge
+		}
+	}
+	m.merges.Add(1)
+	m.Log().Info("other subgroups found; merging", "coordinators", coords)
+	_, _ = m.PassUpEvent(stack.Ev(stack.EvMerge, coords))
+}
+
+func (m *Merge3) handle(src stack.Address, h *Header) {
+	if src == m.LocalAddress() || h.Info.Addr != src {
+		return
+	}
+	m.received.Add(1)
+	if h.Info.Name != "" {
+		if old, ok := stack.LogicalName(src); !ok || old != h.Info.Name {
+			stack.SetLogicalName(src, h.Info.Name)
+		}
+	}
+	if h.Info.Physical.IsValid() {
+		_, _ = m.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: src, Physical: h.Info.Physical}))
+	}
+	m.mu.Lock()
+	m.heard[src] = h
+	m.mu.Unlock()
+}
+
+// Up takes announcements; other messages pass.
+func (m *Merge3) Up(msg *stack.Message) {
+	if h, ok := msg.Header(m.ID()).(*Header); ok {
+		m.handle(msg.Src, h)
+		return
+	}
+	m.PassUp(msg)
+}
+
+// UpBatch takes the announcements out of a batch.
+func (m *Merge3) UpBatch(bt *stack.Batch) {
+	bt.Keep(func(msg *stack.Message) bool {
+		h, ok := msg.Header(m.ID()).(*Header)
+		if ok {
+			m.handle(msg.Src, h)
+		}
+		return !ok
+	})
+	if len(bt.Msgs) > 0 {
+		m.PassUpBatch(bt)
+	}
+}
+
+// DownEvent tracks the view.
+func (m *Merge3) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvViewChange:
+		if v, ok := ev.Arg.(*stack.View); ok {
+			m.mu.Lock()
+			m.view = v
+			m.mu.Unlock()
+		}
+	case stack.EvDisconnect:
+		m.mu.Lock()
+		m.view = nil
+		m.mu.Unlock()
+	}
+	return m.PassDownEvent(ctx, ev)
+}
+
+// Stats reports MERGE3's counters.
+func (m *Merge3) Stats() []stack.Stat {
+	return []stack.Stat{
+		{Name: "announcements_sent", Value: m.sent.Load()},
+		{Name: "announcements_received", Value: m.received.Load()},
+		{Name: "merges_started", Value: m.merges.Load()},
+	}
+}

@@ -1,0 +1,430 @@
+// Package ping is discovery: PING finds the members of a cluster by
+// multicast (or, on a transport without IP multicast, by unicast to every
+// member the transport knows), STATIC_PING by probing a fixed list of
+// host:port addresses. Both learn logical names and physical addresses,
+// teach them to the transport, answer the transport's WHO_HAS, and tell
+// GMS (EvFindMembers) who is out there and who coordinates.
+//
+// The two share one package because they share everything but where a
+// request is sent (JGroups' Discovery base class and its subclasses).
+package ping
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures PING.
+type Config struct {
+	Timeout      time.Duration `toml:"timeout" doc:"how long a discovery round collects answers (GMS may ask for another)"`
+	BreakOnCoord bool          `toml:"break_on_coord_rsp" doc:"end a discovery round as soon as a coordinator answers"`
+	Runs         int           `toml:"num_discovery_runs" doc:"requests sent per round, spread over timeout (more survive loss)"`
+}
+
+// DefaultConfig returns PING's defaults.
+func DefaultConfig() Config {
+	return Config{Timeout: time.Second, BreakOnCoord: true, Runs: 2}
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.Timeout <= 0:
+		return stack.BadKey("timeout", "must be > 0, got %s", c.Timeout)
+	case c.Runs < 1 || c.Runs > 100:
+		return stack.BadKey("num_discovery_runs", "must be 1..100, got %d", c.Runs)
+	}
+	return nil
+}
+
+// StaticConfig configures STATIC_PING.
+type StaticConfig struct {
+	InitialHosts string        `toml:"initial_hosts" doc:"comma-separated host:port (or JGroups' host[port]) of members to probe"`
+	PortRange    int           `toml:"port_range" doc:"also probe each port+1..port+port_range"`
+	Timeout      time.Duration `toml:"timeout" doc:"how long a discovery round collects answers"`
+	BreakOnCoord bool          `toml:"break_on_coord_rsp" doc:"end a discovery round as soon as a coordinator answers"`
+	Runs         int           `toml:"num_discovery_runs" doc:"requests sent per round, spread over timeout (more survive loss)"`
+	MaxDynamic   int           `toml:"max_dynamic_hosts" doc:"members outside initial_hosts that contacted us, remembered and probed too"`
+}
+
+// DefaultStaticConfig returns STATIC_PING's defaults.
+func DefaultStaticConfig() StaticConfig {
+	return StaticConfig{InitialHosts: "127.0.0.1:7800", PortRange: 1, Timeout: time.Second, BreakOnCoord: true, Runs: 2, MaxDynamic: 2000}
+}
+
+// Validate checks the config.
+func (c *StaticConfig) Validate() error {
+	if _, err := ParseHosts(c.InitialHosts, c.PortRange); err != nil {
+		return stack.BadKey("initial_hosts", "%v", err)
+	}
+	pc := Config{Timeout: c.Timeout, BreakOnCoord: c.BreakOnCoord, Runs: c.Runs}
+	if err := pc.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.PortRange < 0 || c.PortRange > 1000:
+		return stack.BadKey("port_range", "must be 0..1000, got %d", c.PortRange)
+	case c.MaxDynamic < 0:
+		return stack.BadKey("max_dynamic_hosts", "must be >= 0, got %d", c.MaxDynamic)
+	}
+	return nil
+}
+
+// ParseHosts parses "h:p,h:p" (or "h[p],h[p]") into addresses, each port
+// expanded by portRange. Hosts must be IP addresses.
+func ParseHosts(s string, portRange int) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if i := strings.IndexByte(f, '['); i > 0 && strings.HasSuffix(f, "]") {
+			f = f[:i] + ":" + f[i+1:len(f)-1]
+		}
+		i := strings.LastIndexByte(f, ':')
+		if i < 0 {
+			return nil, fmt.Errorf("%q: want host:port", f)
+		}
+		ip, err := netip.ParseAddr(strings.Trim(f[:i], "[]"))
+		if err != nil {
+			return nil, fmt.Errorf("%q: host must be an IP address", f)
+		}
+		port, err := strconv.ParseUint(f[i+1:], 10, 16)
+		if err != nil || port == 0 {
+			return nil, fmt.Errorf("%q: bad port", f)
+		}
+		for p := int(port); p <= int(port)+portRange && p <= 65535; p++ {
+			out = append(out, netip.AddrPortFrom(ip.Unmap(), uint16(p)))
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no hosts given")
+	}
+	return out, nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "PING", ID: stack.IDPING,
+		Doc:      "discovery by multicast: finds members and their coordinator, fills the transport's address cache",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.Register(stack.ProtocolSpec[StaticConfig]{
+		Name: "STATIC_PING", ID: stack.IDStaticPING,
+		Doc:      "discovery by probing a fixed list of host:port (no IP multicast needed); learns members that contact it",
+		Defaults: DefaultStaticConfig,
+		New:      func(c StaticConfig) (stack.Protocol, error) { return NewStatic(c), nil },
+	})
+	for _, id := range []uint16{stack.IDPING, stack.IDStaticPING} {
+		stack.RegisterHeader(stack.HeaderType{ID: id, Name: "PING", Decode: decodeHeader, Samples: sampleHeaders})
+	}
+}
+
+// Discovery is PING or STATIC_PING.
+type Discovery struct {
+	stack.Base
+	name   string
+	cfg    Config
+	static []netip.AddrPort // STATIC_PING's probe list; nil for PING
+	maxDyn int
+
+	mu      sync.Mutex
+	view    *stack.View
+	rounds  map[*round]struct{}
+	dynamic map[netip.AddrPort]struct{} // STATIC_PING: hosts that contacted us
+
+	reqSent, reqRecv, rspSent, rspRecv, whoHas, sendErrors atomic.Int64
+}
+
+var _ stack.Protocol = (*Discovery)(nil)
+
+type round struct {
+	mu    sync.Mutex
+	found map[stack.Address]stack.MemberInfo
+	coord chan struct{} // closed when a coordinator answered
+	seen  bool
+}
+
+// New returns a PING layer.
+func New(cfg Config) *Discovery { return &Discovery{name: "PING", cfg: cfg} }
+
+// NewStatic returns a STATIC_PING layer.
+func NewStatic(c StaticConfig) *Discovery {
+	hosts, _ := ParseHosts(c.InitialHosts, c.PortRange)
+	return &Discovery{name: "STATIC_PING", static: hosts, maxDyn: c.MaxDynamic,
+		cfg: Config{Timeout: c.Timeout, BreakOnCoord: c.BreakOnCoord, Runs: c.Runs}}
+}
+
+// Name returns "PING" or "STATIC_PING".
+func (d *Discovery) Name() string { return d.name }
+
+// Init validates the config.
+func (d *Discovery) Init() error {
+	if d.name == "STATIC_PING" && len(d.static) == 0 {
+		return stack.BadKey("initial_hosts", "no hosts given")
+	}
+	return d.cfg.Validate()
+}
+
+// Start clears what an earlier connection learnt of views.
+func (d *Discovery) Start() error {
+	d.mu.Lock()
+	d.view = nil
+	d.rounds = map[*round]struct{}{}
+	d.dynamic = map[netip.AddrPort]struct{}{}
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *Discovery) self() stack.MemberInfo {
+	local := d.LocalAddress()
+	mi := stack.MemberInfo{Addr: local}
+	mi.Name, _ = stack.LogicalName(local)
+	if v, _ := d.PassDownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{})); v != nil {
+		mi.Physical, _ = v.(netip.AddrPort)
+	}
+	d.mu.Lock()
+	if d.view != nil {
+		mi.IsServer, mi.Coord = true, d.view.Coordinator()
+	}
+	d.mu.Unlock()
+	return mi
+}
+
+// FindMembers runs one discovery round: it sends requests and collects
+// answers until the timeout (or the first coordinator's answer, with
+// breakOnCoord), or until ctx ends. It never includes the local member.
+func (d *Discovery) FindMembers(ctx context.Context, timeout time.Duration, breakOnCoord bool) []stack.MemberInfo {
+	if timeout <= 0 {
+		timeout = d.cfg.Timeout
+	}
+	r := &round{found: map[stack.Address]stack.MemberInfo{}, coord: make(chan struct{})}
+	d.mu.Lock()
+	d.rounds[r] = struct{}{}
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		delete(d.rounds, r)
+		d.mu.Unlock()
+	}()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	every := time.NewTicker(timeout / time.Duration(d.cfg.Runs+1))
+	defer every.Stop()
+	coord := r.coord
+	if !breakOnCoord {
+		coord = nil
+	}
+	d.sendRequest(stack.Address{})
+	for sent := 1; ; {
+		select {
+		case <-ctx.Done():
+		case <-d.Done():
+		case <-deadline.C:
+		case <-coord:
+		case <-every.C:
+			if sent < d.cfg.Runs {
+				sent++
+				d.sendRequest(stack.Address{})
+			}
+			continue
+		}
+		break
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]stack.MemberInfo, 0, len(r.found))
+	for _, mi := range r.found {
+		out = append(out, mi)
+	}
+	return out
+}
+
+// sendRequest multicasts a discovery request (STATIC_PING: sends it to every
+// probed host). A non-zero target asks only that member to answer.
+func (d *Discovery) sendRequest(target stack.Address) {
+	h := &Header{Type: typeRequest, Info: d.self(), Target: target}
+	if d.static == nil {
+		d.reqSent.Add(1)
+		d.send(stack.Address{}, h)
+		return
+	}
+	hosts := append([]netip.AddrPort(nil), d.static...)
+	d.mu.Lock()
+	for ap := range d.dynamic {
+		hosts = append(hosts, ap)
+	}
+	d.mu.Unlock()
+	for _, ap := range hosts {
+		if ap == h.Info.Physical {
+			continue
+		}
+		d.reqSent.Add(1)
+		_, err := d.PassDownEvent(context.Background(), stack.Ev(stack.EvSendToPhysical, stack.PhysicalSend{To: ap, Msg: d.message(stack.Address{}, h)}))
+		if err != nil {
+			d.sendErrors.Add(1)
+			if errors.Is(err, stack.ErrNotSupported) {
+				d.Log().Warn("STATIC_PING needs a transport with network addresses", "error", err)
+				return
+			}
+		}
+	}
+}
+
+func (d *Discovery) message(dest stack.Address, h *Header) *stack.Message {
+	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.OOB | stack.DontBundle | stack.NoReliability)
+	m.PutHeader(d.ID(), h)
+	return m
+}
+
+func (d *Discovery) send(dest stack.Address, h *Header) {
+	if err := d.PassDown(context.Background(), d.message(dest, h)); err != nil {
+		d.sendErrors.Add(1)
+	}
+}
+
+// Up handles discovery requests and answers; other messages pass.
+func (d *Discovery) Up(m *stack.Message) {
+	h, ok := m.Header(d.ID()).(*Header)
+	if !ok {
+		d.PassUp(m)
+		return
+	}
+	d.handle(m.Src, h)
+}
+
+func (d *Discovery) handle(src stack.Address, h *Header) {
+	if src.IsZero() || src == d.LocalAddress() || h.Info.Addr != src {
+		return
+	}
+	d.learn(h.Info)
+	switch h.Type {
+	case typeRequest:
+		d.reqRecv.Add(1)
+		if !h.Target.IsZero() && h.Target != d.LocalAddress() {
+			return
+		}
+		d.rspSent.Add(1)
+		d.send(src, &Header{Type: typeResponse, Info: d.self()})
+	case typeResponse:
+		d.rspRecv.Add(1)
+		d.mu.Lock()
+		for r := range d.rounds {
+			r.add(h.Info)
+		}
+		d.mu.Unlock()
+	}
+}
+
+func (r *round) add(mi stack.MemberInfo) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.found[mi.Addr] = mi
+	if mi.IsCoord() && !r.seen {
+		r.seen = true
+		close(r.coord)
+	}
+}
+
+// learn records a member's name and teaches the transport its address.
+func (d *Discovery) learn(mi stack.MemberInfo) {
+	if mi.Name != "" {
+		if old, ok := stack.LogicalName(mi.Addr); !ok || old != mi.Name {
+			stack.SetLogicalName(mi.Addr, mi.Name)
+		}
+	}
+	if !mi.Physical.IsValid() {
+		return
+	}
+	_, _ = d.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: mi.Addr, Physical: mi.Physical}))
+	if d.static == nil {
+		return
+	}
+	d.mu.Lock()
+	if _, ok := d.dynamic[mi.Physical]; !ok && len(d.dynamic) < d.maxDyn && !containsAddrPort(d.static, mi.Physical) {
+		d.dynamic[mi.Physical] = struct{}{}
+	}
+	d.mu.Unlock()
+}
+
+func containsAddrPort(s []netip.AddrPort, a netip.AddrPort) bool {
+	for _, x := range s {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+// UpBatch takes discovery messages out of the batch.
+func (d *Discovery) UpBatch(bt *stack.Batch) {
+	bt.Keep(func(m *stack.Message) bool {
+		h, ok := m.Header(d.ID()).(*Header)
+		if ok {
+			d.handle(m.Src, h)
+		}
+		return !ok
+	})
+	if len(bt.Msgs) > 0 {
+		d.PassUpBatch(bt)
+	}
+}
+
+// UpEvent answers the transport's WHO_HAS with a targeted request.
+func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
+	if ev.Type == stack.EvWhoHas {
+		if a, ok := ev.Arg.(stack.Address); ok && !a.IsZero() {
+			d.whoHas.Add(1)
+			d.sendRequest(a)
+		}
+		return nil, nil
+	}
+	return d.PassUpEvent(ev)
+}
+
+// DownEvent runs discovery rounds and tracks the view.
+func (d *Discovery) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvFindMembers:
+		fm, _ := ev.Arg.(stack.FindMembers)
+		return d.FindMembers(ctx, fm.Timeout, fm.BreakOnCoord && d.cfg.BreakOnCoord), nil
+	case stack.EvViewChange:
+		if v, ok := ev.Arg.(*stack.View); ok {
+			d.mu.Lock()
+			d.view = v
+			d.mu.Unlock()
+		}
+	case stack.EvDisconnect:
+		d.mu.Lock()
+		d.view = nil
+		d.mu.Unlock()
+	}
+	return d.PassDownEvent(ctx, ev)
+}
+
+// Stats reports discovery's counters.
+func (d *Discovery) Stats() []stack.Stat {
+	d.mu.Lock()
+	ndyn := len(d.dynamic)
+	d.mu.Unlock()
+	return []stack.Stat{
+		{Name: "requests_sent", Value: d.reqSent.Load()},
+		{Name: "requests_received", Value: d.reqRecv.Load()},
+		{Name: "responses_sent", Value: d.rspSent.Load()},
+		{Name: "responses_received", Value: d.rspRecv.Load()},
+		{Name: "who_has_requests", Value: d.whoHas.Load()},
+		{Name: "send_errors", Value: d.sendErrors.Load()},
+		{Name: "dynamic_hosts", Value: int64(ndyn)},
+	}
+}
