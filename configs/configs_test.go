@@ -43,29 +43,70 @@ func TestSimConfigStartsAGroup(t *testing.T) {
 	})
 }
 
-func TestUDPConfigStartsAGroupOnLoopback(t *testing.T) {
-	t.Setenv("STRATA_BIND_PORT", "0")
-	t.Setenv("STRATA_MCAST_ADDR", fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)))
-	t.Setenv("STRATA_MCAST_PORT", strconv.Itoa(freePort(t)))
+// startFromConfig starts n members from a shipped config with vars, all at
+// once, and waits until they are in one view; it returns them and how long
+// that took.
+func startFromConfig(t *testing.T, file string, n int, vars map[string]string) ([]*stack.Channel, []*stacktest.Collector, time.Duration) {
+	t.Helper()
 	var chs []*stack.Channel
 	var cols []*stacktest.Collector
-	for _, name := range []string{"A", "B"} {
+	for i := range n {
 		col := stacktest.NewCollector()
-		ch, err := stack.NewChannelFromFS(configs.FS, "udp.toml", stack.WithName(name), stack.WithReceiver(col))
+		ch, err := stack.NewChannelFromFSVars(configs.FS, file, vars, stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
 		require.NoError(t, err)
-		require.NoError(t, ch.Connect(context.Background(), "udp-demo"))
 		t.Cleanup(func() { _ = ch.Close() })
 		chs, cols = append(chs, ch), append(cols, col)
 	}
-	addrs := []stack.Address{chs[0].Address(), chs[1].Address()}
-	stacktest.InjectView(t, stack.NewView(addrs[0], 2, addrs...), chs...) // no GMS yet
+	start := time.Now()
+	errs := make(chan error, n)
+	for _, ch := range chs {
+		go func() { errs <- ch.Connect(context.Background(), "cfg-"+file) }()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	stacktest.WaitForSameView(t, 30*time.Second, chs...)
+	return chs, cols, time.Since(start)
+}
+
+// checkMulticasts has every member multicast one message and waits until
+// every member has every message, once.
+func checkMulticasts(t *testing.T, chs []*stack.Channel, cols []*stacktest.Collector) {
+	t.Helper()
+	var addrs []stack.Address
 	for i, ch := range chs {
+		addrs = append(addrs, ch.Address())
 		require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, 0, 8))))
 	}
-	for _, col := range cols {
-		stacktest.WaitFor(t, 10*time.Second, func() bool { return col.Len() == 2 }, "both multicasts arrive")
+	for i, col := range cols {
+		stacktest.WaitFor(t, 10*time.Second, func() bool { return col.Len() >= len(chs) }, "member %d gets every multicast", i)
 		require.Empty(t, col.CheckExactlyOnce(addrs, 1, true))
 	}
+}
+
+func TestUDPConfigFormsAFourMemberViewOnLoopback(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{
+		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
+		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
+	}
+	chs, cols, took := startFromConfig(t, "udp.toml", 4, vars)
+	t.Logf("udp.toml: 4 members in one view %s after start", took)
+	checkMulticasts(t, chs, cols)
+}
+
+func TestUDPNoMulticastConfigFormsAFourMemberViewOnLoopback(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	vars := map[string]string{
+		"STRATA_BIND_PORT":       strconv.Itoa(port),
+		"STRATA_INITIAL_HOSTS":   fmt.Sprintf("127.0.0.1:%d", port),
+		"STRATA_PING_PORT_RANGE": "6",
+	}
+	chs, cols, took := startFromConfig(t, "udp-nomcast.toml", 4, vars)
+	t.Logf("udp-nomcast.toml: 4 members in one view %s after start", took)
+	checkMulticasts(t, chs, cols)
 }
 
 func freePort(t *testing.T) int {

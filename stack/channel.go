@@ -136,11 +136,17 @@ func NewChannelFromFile(path string, opts ...Option) (*Channel, error) {
 // NewChannelFromFS builds a channel from a config in fsys (for example an
 // embedded one).
 func NewChannelFromFS(fsys fs.FS, path string, opts ...Option) (*Channel, error) {
+	return NewChannelFromFSVars(fsys, path, nil, opts...)
+}
+
+// NewChannelFromFSVars is NewChannelFromFS with the config's ${NAME}
+// variables taken from vars before the environment (see ParseConfigVars).
+func NewChannelFromFSVars(fsys fs.FS, path string, vars map[string]string, opts ...Option) (*Channel, error) {
 	data, err := fs.ReadFile(fsys, path)
 	if err != nil {
 		return nil, &ConfigError{File: path, Reason: err.Error()}
 	}
-	sc, err := ParseConfig(path, data)
+	sc, err := ParseConfigVars(path, data, vars)
 	if err != nil {
 		return nil, err
 	}

@@ -96,7 +96,20 @@ var (
 // first, each with type = "NAME" and that protocol's keys. file names the
 // source in errors.
 func ParseConfig(file string, data []byte) (*StackConfig, error) {
-	text, err := substituteEnv(file, string(data))
+	return ParseConfigVars(file, data, nil)
+}
+
+// ParseConfigVars is ParseConfig with ${NAME} taken from vars first and
+// the environment second, so programs and parallel tests can set a
+// config's variables without touching the process environment.
+func ParseConfigVars(file string, data []byte, vars map[string]string) (*StackConfig, error) {
+	lookup := func(name string) (string, bool) {
+		if v, ok := vars[name]; ok {
+			return v, true
+		}
+		return os.LookupEnv(name)
+	}
+	text, err := substituteEnv(file, string(data), lookup)
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +350,7 @@ func topLevelLine(text, key string) int {
 // substituteEnv replaces ${NAME:default} and ${NAME} by environment values,
 // line by line (so lines stay where they were). Comment lines are left
 // alone. A reference to an unset variable without default is an error.
-func substituteEnv(file, text string) (string, error) {
+func substituteEnv(file, text string, lookup func(string) (string, bool)) (string, error) {
 	if !strings.Contains(text, "${") {
 		return text, nil
 	}
@@ -349,7 +362,7 @@ func substituteEnv(file, text string) (string, error) {
 		var err error
 		lines[i] = envRef.ReplaceAllStringFunc(l, func(ref string) string {
 			m := envRef.FindStringSubmatch(ref)
-			if v, ok := os.LookupEnv(m[1]); ok {
+			if v, ok := lookup(m[1]); ok {
 				if strings.ContainsAny(v, "\n\r\"") && err == nil {
 					err = &ConfigError{File: file, Line: i + 1, Reason: fmt.Sprintf("environment variable %s holds a newline or quote", m[1])}
 				}
