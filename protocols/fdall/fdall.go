@@ -167,7 +167,9 @@ func (f *FDAll) touch(a stack.Address) {
 func (f *FDAll) Up(m *stack.Message) {
 	f.touch(m.Src)
 	if _, ok := m.Header(f.ID()).(heartbeat); ok {
-		f.received.Add(1)
+		if m.Src != f.LocalAddress() {
+			f.received.Add(1)
+		}
 		return
 	}
 	f.PassUp(m)
@@ -178,7 +180,7 @@ func (f *FDAll) UpBatch(bt *stack.Batch) {
 	f.touch(bt.Src)
 	bt.Keep(func(m *stack.Message) bool {
 		_, ok := m.Header(f.ID()).(heartbeat)
-		if ok {
+		if ok && m.Src != f.LocalAddress() {
 			f.received.Add(1)
 		}
 		return !ok

@@ -418,3 +418,33 @@ func TestMessagesFlowAfterJoin(t *testing.T) {
 		}
 	})
 }
+
+func TestConcurrentJoinsAndMessagesUnderLoss(t *testing.T) {
+	seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		l.net.SetDefault(sim.Rule{Drop: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
+		ms := l.start(5)
+		checkViewHistories(t, ms)
+		const per = 50
+		for i, m := range ms {
+			for s := range per {
+				require.NoError(t, m.ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 32))))
+			}
+		}
+		var addrs []stack.Address
+		for _, m := range ms {
+			addrs = append(addrs, m.addr())
+		}
+		stacktest.WaitFor(t, 5*time.Minute, func() bool {
+			for _, m := range ms {
+				if m.col.Len() < len(ms)*per {
+					return false
+				}
+			}
+			return true
+		}, "every multicast delivered everywhere")
+		for i, m := range ms {
+			require.Empty(t, m.col.CheckExactlyOnce(addrs, per, true), "member %d", i)
+		}
+	})
+}

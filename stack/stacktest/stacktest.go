@@ -433,3 +433,49 @@ func CheckHeaderSizes(t *testing.T) {
 		})
 	}
 }
+
+// EventRecorder is a layer that records every event passing up through it
+// and passes it on, so a test can watch what a protocol below tells the
+// layers above (suspicions, merges).
+type EventRecorder struct {
+	stack.Base
+	mu  sync.Mutex
+	evs []stack.Event
+}
+
+// NewEventRecorder returns an empty recorder.
+func NewEventRecorder() *EventRecorder { return &EventRecorder{} }
+
+// Name returns "EVENTS".
+func (r *EventRecorder) Name() string { return "EVENTS" }
+
+// UpEvent records ev and passes it up.
+func (r *EventRecorder) UpEvent(ev stack.Event) (any, error) {
+	r.mu.Lock()
+	r.evs = append(r.evs, ev)
+	r.mu.Unlock()
+	return r.PassUpEvent(ev)
+}
+
+// Events returns the recorded events of type t, oldest first.
+func (r *EventRecorder) Events(t stack.EventType) []stack.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []stack.Event
+	for _, ev := range r.evs {
+		if ev.Type == t {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// Suspected returns every address of the recorded EvSuspect events.
+func (r *EventRecorder) Suspected() []stack.Address {
+	var out []stack.Address
+	for _, ev := range r.Events(stack.EvSuspect) {
+		as, _ := ev.Arg.([]stack.Address)
+		out = append(out, as...)
+	}
+	return out
+}

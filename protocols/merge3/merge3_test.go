@@ -1,0 +1,66 @@
+package merge3_test
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/protocols/merge3"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+var cfg = merge3.Config{MinInterval: time.Second, MaxInterval: 2 * time.Second, CheckInterval: 3 * time.Second}
+
+func TestLowestCoordinatorLeadsTheMerge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		recs := make([]*stacktest.EventRecorder, 4)
+		c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
+			recs[i] = stacktest.NewEventRecorder()
+			return []stack.Protocol{merge3.New(cfg), recs[i]}
+		})
+		a := c.Addresses()
+		// Two subgroups of two; whichever coordinator has the lower address
+		// leads.
+		v1, v2 := stack.NewView(a[0], 5, a[0], a[1]), stack.NewView(a[2], 7, a[2], a[3])
+		stacktest.InjectView(t, v1, c.Channels[0], c.Channels[1])
+		stacktest.InjectView(t, v2, c.Channels[2], c.Channels[3])
+		leader, other := 0, 2
+		if a[2].Compare(a[0]) < 0 {
+			leader, other = 2, 0
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(recs[leader].Events(stack.EvMerge)) > 0 }, "the leader asks for a merge")
+		coords := recs[leader].Events(stack.EvMerge)[0].Arg.([]stack.Address)
+		require.Equal(t, a[leader], coords[0], "the leader first")
+		require.ElementsMatch(t, []stack.Address{a[0], a[2]}, coords)
+		time.Sleep(3 * cfg.CheckInterval)
+		for i, r := range recs {
+			if i != leader {
+				require.Empty(t, r.Events(stack.EvMerge), "member %d (the other coordinator is %d) leaves the merge to the leader", i, other)
+			}
+		}
+
+		// One view again: no more merges.
+		stacktest.InjectView(t, stack.NewView(a[leader], 8, a...), c.Channels...)
+		time.Sleep(cfg.CheckInterval) // the check that may still see old announcements
+		n := len(recs[leader].Events(stack.EvMerge))
+		time.Sleep(3 * cfg.CheckInterval)
+		require.Equal(t, n, len(recs[leader].Events(stack.EvMerge)), "no merge within one view")
+	})
+}
+
+func TestConfigErrorsNameTheKey(t *testing.T) {
+	for key, c := range map[string]merge3.Config{
+		"min_interval":   {MinInterval: 0, MaxInterval: time.Second},
+		"max_interval":   {MinInterval: 2 * time.Second, MaxInterval: time.Second},
+		"check_interval": {MinInterval: time.Second, MaxInterval: 2 * time.Second, CheckInterval: time.Second},
+	} {
+		err := c.Validate()
+		require.Error(t, err, key)
+		require.Contains(t, err.Error(), key)
+	}
+	def := merge3.DefaultConfig()
+	require.NoError(t, def.Validate())
+}
