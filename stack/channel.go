@@ -227,6 +227,7 @@ func (c *Channel) Connect(ctx context.Context, cluster string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
+		c.connected.Store(false)
 		c.st.Stop()
 		c.view.Store(nil)
 		c.state = chOpen
@@ -295,6 +296,50 @@ func (c *Channel) Close() error {
 	return errors.Join(err, c.st.Close())
 }
 
+// StartFlush blocks every member's multicasts and returns when all of them
+// have delivered the same messages (FLUSH must be in the stack; without it
+// StartFlush does nothing). Call StopFlush to unblock the group.
+func (c *Channel) StartFlush(ctx context.Context) error {
+	if !c.connected.Load() {
+		return ErrNotConnected
+	}
+	_, err := c.st.DownEvent(ctx, Ev(EvStartFlush, nil))
+	return err
+}
+
+// StopFlush ends the flush this member started; it returns when every
+// member has unblocked.
+func (c *Channel) StopFlush(ctx context.Context) error {
+	if !c.connected.Load() {
+		return ErrNotConnected
+	}
+	_, err := c.st.DownEvent(ctx, Ev(EvStopFlush, nil))
+	return err
+}
+
+// GetState streams the application state from member from (zero: the
+// coordinator) into the receiver's SetState, inside a flush when FLUSH is in
+// the stack, so no member changes the state meanwhile. The receiver must
+// implement StateHandler; the stack needs STATE_TRANSFER.
+func (c *Channel) GetState(ctx context.Context, from Address) error {
+	if !c.connected.Load() {
+		return ErrNotConnected
+	}
+	if c.st.Find("STATE_TRANSFER") == nil {
+		return fmt.Errorf("strata: GetState: %w: no STATE_TRANSFER in the stack", ErrNotSupported)
+	}
+	if err := c.StartFlush(ctx); err != nil {
+		return fmt.Errorf("strata: GetState: %w", err)
+	}
+	_, err := c.st.DownEvent(ctx, Ev(EvGetState, from))
+	// Unblock the group even if ctx has ended.
+	stopErr := c.StopFlush(context.WithoutCancel(ctx))
+	if err != nil {
+		return fmt.Errorf("strata: GetState: %w", err)
+	}
+	return stopErr
+}
+
 // Stats returns every protocol's counters, bottom first.
 func (c *Channel) Stats() []ProtocolStats { return c.st.Stats() }
 
@@ -327,9 +372,24 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 			return nil, fmt.Errorf("strata: VIEW_CHANGE with %T", ev.Arg)
 		}
 		c.view.Store(v)
+		// A member may send as soon as it has a view, also from the
+		// ViewAccepted callback of its first view, inside Connect.
+		c.connected.Store(true)
 		if r != nil {
 			r.ViewAccepted(v)
 		}
+	case EvProvideState, EvApplyState:
+		sh, ok := r.(StateHandler)
+		if !ok {
+			return nil, fmt.Errorf("strata: state transfer needs a receiver with GetState and SetState (StateHandler), have %T", r)
+		}
+		if w, ok := ev.Arg.(io.Writer); ok && ev.Type == EvProvideState {
+			return nil, sh.GetState(w)
+		}
+		if rd, ok := ev.Arg.(io.Reader); ok && ev.Type == EvApplyState {
+			return nil, sh.SetState(rd)
+		}
+		return nil, fmt.Errorf("strata: %s with %T", ev.Type, ev.Arg)
 	case EvBlock:
 		if b, ok := r.(Blocker); ok {
 			b.Block()

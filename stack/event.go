@@ -41,6 +41,16 @@ type PhysicalSend struct {
 	Msg *Message
 }
 
+// FlushRequest is the argument of EvStartFlush and EvStopFlush.
+type FlushRequest struct {
+	// Participants are the members to block (start) or unblock (stop); nil:
+	// the current view. A stop also reaches joiners listed here.
+	Participants []Address
+	// ViewChange marks GMS's flush before a view change; such a round takes
+	// precedence over an application's flush.
+	ViewChange bool
+}
+
 // EventType names a control event. Core events are below UserEvent;
 // protocols that define events of their own number them from UserEvent up
 // (and say so in ids.go comments of their package).
@@ -81,12 +91,16 @@ const (
 	// EvWhoHas (up): the transport needs the physical address of a member.
 	// Arg: Address.
 	EvWhoHas
-	// EvStartFlush (down): start a flush round. Returns an error or nil.
+	// EvStartFlush (down from the channel, up from GMS): block the group's
+	// multicasts and have every participant deliver the same messages. Arg:
+	// FlushRequest or nil. Returns when the group is flushed, or an error.
 	EvStartFlush
-	// EvStopFlush (down): stop the flush round; returns when every
-	// participant has unblocked.
+	// EvStopFlush (down from the channel, up from GMS): end this member's
+	// flush round; returns when every participant has unblocked. Arg:
+	// FlushRequest or nil.
 	EvStopFlush
-	// EvGetState (down): fetch the state from a member. Arg: protocol-specific.
+	// EvGetState (down): fetch the application's state from a member. Arg:
+	// Address (zero: the coordinator). Returns when SetState has returned.
 	EvGetState
 	// EvGetLocalAddress (down): query the local address.
 	EvGetLocalAddress
@@ -108,6 +122,16 @@ const (
 	// by unicast (its address cache), so MERGE3 can reach other subgroups
 	// without IP multicast. Returns []Address, or nil if it cannot say.
 	EvKnownMembers
+	// EvReconcile (down): wait until this member has delivered, from every
+	// listed sender, everything up to the given highest received seqno
+	// (fetching what it lacks). Arg: the reliable-multicast digest type.
+	EvReconcile
+	// EvProvideState (up, to the channel): write the application's state.
+	// Arg: io.Writer. Returns the StateHandler's error.
+	EvProvideState
+	// EvApplyState (up, to the channel): read the application's state. Arg:
+	// io.Reader. Returns the StateHandler's error.
+	EvApplyState
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -121,6 +145,7 @@ var eventNames = map[EventType]string{
 	EvWhoHas: "WHO_HAS", EvStartFlush: "START_FLUSH", EvStopFlush: "STOP_FLUSH",
 	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
 	EvSendToPhysical: "SEND_TO_PHYSICAL", EvMerge: "MERGE", EvKnownMembers: "KNOWN_MEMBERS",
+	EvReconcile: "RECONCILE", EvProvideState: "PROVIDE_STATE", EvApplyState: "APPLY_STATE",
 }
 
 func (t EventType) String() string {

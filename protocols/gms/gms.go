@@ -137,7 +137,7 @@ type GMS struct {
 	wake      chan struct{}
 
 	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
-	ackTimeouts, viewsIgnored, msgsIgnored, takeovers atomic.Int64
+	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures atomic.Int64
 }
 
 var (
@@ -431,6 +431,22 @@ func (g *GMS) process(reqs []request) {
 // it, answers the joiners, and waits for every member's acknowledgement.
 func (g *GMS) cast(nv *stack.View, joiners []stack.Address) {
 	self := g.LocalAddress()
+	// With FLUSH above, the members that stay block and deliver the same
+	// messages before the view changes (without it the event reaches the
+	// channel, which ignores it).
+	var survivors []stack.Address
+	for _, m := range g.View().Members {
+		if nv.Contains(m) {
+			survivors = append(survivors, m)
+		}
+	}
+	if _, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: survivors, ViewChange: true})); err != nil {
+		g.flushFailures.Add(1)
+		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
+	}
+	defer func() {
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners}))
+	}()
 	expect := map[stack.Address]bool{}
 	for _, m := range nv.Members {
 		if m != self {
@@ -1063,6 +1079,7 @@ func (g *GMS) Stats() []stack.Stat {
 		{Name: "merges_failed", Value: g.mergesFailed.Load()},
 		{Name: "view_ack_timeouts", Value: g.ackTimeouts.Load()},
 		{Name: "messages_ignored", Value: g.msgsIgnored.Load()},
+		{Name: "flush_failures", Value: g.flushFailures.Load()},
 	}
 }
 

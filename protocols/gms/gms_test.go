@@ -1,268 +1,74 @@
 package gms_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/protocols/fdall"
-	"github.com/strata-go/strata/protocols/frag"
+	"github.com/strata-go/strata/internal/grouptest"
 	"github.com/strata-go/strata/protocols/gms"
-	"github.com/strata-go/strata/protocols/merge3"
-	"github.com/strata-go/strata/protocols/nakack"
-	"github.com/strata-go/strata/protocols/ping"
 	"github.com/strata-go/strata/protocols/sim"
-	"github.com/strata-go/strata/protocols/stable"
-	"github.com/strata-go/strata/protocols/unicast2"
-	"github.com/strata-go/strata/protocols/verifysuspect"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
 
-// Test timings (virtual time): what the scenarios' bounds are made of.
-const (
-	fdInterval    = time.Second
-	fdTimeout     = 5 * time.Second
-	fdCheck       = 500 * time.Millisecond
-	verifyTimeout = 1500 * time.Millisecond
-	joinTimeout   = 2 * time.Second
-	mergeMax      = 3 * time.Second
-	mergeCheck    = 5 * time.Second
-)
-
-type member struct {
-	ch     *stack.Channel
-	col    *stacktest.Collector
-	gms    *gms.GMS
-	verify *verifysuspect.VerifySuspect
-	fd     *fdall.FDAll
-	log    *syncBuffer
-}
-
-func (m *member) addr() stack.Address { return m.ch.Address() }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-type lab struct {
-	t       *testing.T
-	net     *sim.Network
-	members []*member
-	gmsCfg  gms.Config
-}
-
-func newLab(t *testing.T, seed uint64) *lab {
-	l := &lab{t: t, net: stacktest.NewNetwork(t, seed), gmsCfg: gms.DefaultConfig()}
-	l.gmsCfg.JoinTimeout = joinTimeout
-	return l
-}
-
-// add builds a member (not connected) with the full membership stack.
-func (l *lab) add() *member {
-	l.t.Helper()
-	i := len(l.members)
-	simCfg := sim.DefaultConfig()
-	simCfg.Network = l.net.Name()
-	pingCfg := ping.DefaultConfig()
-	pingCfg.Timeout = 500 * time.Millisecond
-	fdCfg := fdall.Config{Interval: fdInterval, Timeout: fdTimeout, CheckInterval: fdCheck}
-	vsCfg := verifysuspect.Config{Timeout: verifyTimeout, NumMsgs: 2}
-	mCfg := merge3.Config{MinInterval: time.Second, MaxInterval: mergeMax, CheckInterval: mergeCheck}
-	nakCfg := nakack.DefaultConfig()
-	nakCfg.XmitInterval = 200 * time.Millisecond
-	stCfg := stable.DefaultConfig()
-	stCfg.Interval = 5 * time.Second
-	m := &member{col: stacktest.NewCollector(), log: &syncBuffer{},
-		gms: gms.New(l.gmsCfg), verify: verifysuspect.New(vsCfg), fd: fdall.New(fdCfg)}
-	protos := []stack.Protocol{
-		sim.New(simCfg), ping.New(pingCfg), merge3.New(mCfg), m.fd, m.verify,
-		nakack.New(nakCfg), unicast2.New(unicast2.DefaultConfig()), stable.New(stCfg), m.gms, frag.New(frag.DefaultConfig()),
-	}
-	logger := slog.New(slog.NewTextHandler(m.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ch, err := stack.NewChannel(protos, stack.WithName(stacktest.Names[i]), stack.WithReceiver(m.col), stack.WithLogger(logger))
-	require.NoError(l.t, err)
-	l.t.Cleanup(func() {
-		if l.t.Failed() {
-			l.t.Logf("log of %s (%s):\n%s", stacktest.Names[i], ch.Address(), m.log.String())
-		}
-	})
-	l.t.Cleanup(func() { _ = ch.Close() })
-	m.ch = ch
-	l.members = append(l.members, m)
-	return m
-}
-
-// start adds n members, connects them all at once, waits until they are
-// in one view and returns them in the view's order.
-func (l *lab) start(n int) []*member {
-	l.t.Helper()
-	ms := make([]*member, n)
-	for i := range ms {
-		ms[i] = l.add()
-	}
-	l.connectAll(ms...)
-	stacktest.WaitFor(l.t, time.Minute, func() bool { return sameView(ms...) }, "all %d in one view", n)
-	return byView(ms)
-}
-
-func (l *lab) connectAll(ms ...*member) {
-	l.t.Helper()
-	errs := make([]error, len(ms))
-	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Go(func() { errs[i] = m.ch.Connect(context.Background(), "test") })
-	}
-	wg.Wait()
-	for i, err := range errs {
-		require.NoError(l.t, err, "member %d connects", i)
-	}
-}
-
-// sameView reports whether every member has the same view, of exactly them.
-func sameView(ms ...*member) bool {
-	v0 := ms[0].ch.View()
-	if v0 == nil || v0.Size() != len(ms) {
-		return false
-	}
-	for _, m := range ms {
-		v := m.ch.View()
-		if v == nil || v.ID != v0.ID || !v.Contains(m.addr()) {
-			return false
-		}
-	}
-	return true
-}
-
-// byView returns the members in the order of the first one's view.
-func byView(ms []*member) []*member {
-	v := ms[0].ch.View()
-	out := slices.Clone(ms)
-	slices.SortFunc(out, func(a, b *member) int { return v.Index(a.addr()) - v.Index(b.addr()) })
-	return out
-}
-
-// checkViewHistories checks that every member saw views in increasing
-// order, that a view id means the same members everywhere, and that any two
-// members saw the views they both saw in the same order.
-func checkViewHistories(t *testing.T, ms []*member) {
-	t.Helper()
-	byID := map[stack.ViewID]*stack.View{}
-	pos := make([]map[stack.ViewID]int, len(ms))
-	for i, m := range ms {
-		pos[i] = map[stack.ViewID]int{}
-		views := m.col.Views()
-		for j, v := range views {
-			if j > 0 {
-				prev := views[j-1]
-				require.True(t, v.ID.Seq > prev.ID.Seq || (v.ID.Seq == prev.ID.Seq && v.ID.Creator != prev.ID.Creator),
-					"member %d: view %s after %s", i, v.ID, prev.ID)
-			}
-			if o, ok := byID[v.ID]; ok {
-				require.Equal(t, o.Members, v.Members, "view %s has the same members everywhere", v.ID)
-			}
-			byID[v.ID] = v
-			pos[i][v.ID] = j
-		}
-	}
-	for i := range ms {
-		for k := i + 1; k < len(ms); k++ {
-			var common []stack.ViewID
-			for id := range pos[i] {
-				if _, ok := pos[k][id]; ok {
-					common = append(common, id)
-				}
-			}
-			slices.SortFunc(common, func(a, b stack.ViewID) int { return pos[i][a] - pos[i][b] })
-			for j := 1; j < len(common); j++ {
-				require.Less(t, pos[k][common[j-1]], pos[k][common[j]], "members %d and %d saw %s and %s in different orders", i, k, common[j-1], common[j])
-			}
-		}
-	}
-}
-
-func seeds(t *testing.T, f func(t *testing.T, seed uint64)) {
-	for seed := uint64(1); seed <= stacktest.Seeds(10); seed++ {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { f(t, seed) })
-		})
-	}
-}
-
 func TestFiveConcurrentJoinersReachOneView(t *testing.T) {
-	seeds(t, func(t *testing.T, seed uint64) {
-		l := newLab(t, seed)
-		ms := l.start(5)
-		v := ms[0].ch.View()
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(5)
+		v := ms[0].Ch.View()
 		for _, m := range ms {
-			require.True(t, v.Contains(m.addr()))
+			require.True(t, v.Contains(m.Addr()))
 		}
-		checkViewHistories(t, ms)
+		grouptest.CheckViewHistories(t, ms)
 	})
 }
 
 func TestJoinersOneByOneGetViewsInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLab(t, 1)
-		var ms []*member
+		l := grouptest.New(t, 1)
+		var ms []*grouptest.Member
 		for range 4 {
-			m := l.add()
-			l.connectAll(m)
+			m := l.Add()
+			l.ConnectAll(m)
 			ms = append(ms, m)
-			require.True(t, m.ch.View().Contains(m.addr()), "Connect returns with a view that holds the member")
-			stacktest.WaitFor(t, 10*time.Second, func() bool { return sameView(ms...) }, "%d members in one view", len(ms))
+			require.True(t, m.Ch.View().Contains(m.Addr()), "Connect returns with a view that holds the member")
+			stacktest.WaitFor(t, 10*time.Second, func() bool { return grouptest.SameView(ms...) }, "%d members in one view", len(ms))
 		}
-		require.Equal(t, ms[0].addr(), ms[0].ch.View().Coordinator(), "the first member coordinates")
-		require.Len(t, ms[0].col.Views(), 4, "the coordinator saw views of 1, 2, 3 and 4")
-		checkViewHistories(t, ms)
+		require.Equal(t, ms[0].Addr(), ms[0].Ch.View().Coordinator(), "the first member coordinates")
+		require.Len(t, ms[0].Col.Views(), 4, "the coordinator saw views of 1, 2, 3 and 4")
+		grouptest.CheckViewHistories(t, ms)
 	})
 }
 
 func TestCrashedMemberIsExcludedWithinTimeoutPlusVerify(t *testing.T) {
 	// Suspicion comes at most timeout + one check after the last message;
 	// verification takes verify_timeout; then bundling and installation.
-	bound := fdTimeout + fdCheck + verifyTimeout + time.Second
+	bound := grouptest.FDTimeout + grouptest.FDCheck + grouptest.VerifyTimeout + time.Second
 	for _, which := range []string{"participant", "coordinator"} {
 		t.Run(which, func(t *testing.T) {
-			seeds(t, func(t *testing.T, seed uint64) {
-				l := newLab(t, seed)
-				ms := l.start(5)
+			grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+				l := grouptest.New(t, seed)
+				ms := l.Start(5)
 				victim := 2
 				if which == "coordinator" {
 					victim = 0
 				}
 				rest := slices.Delete(slices.Clone(ms), victim, victim+1)
 				start := time.Now()
-				l.net.Cut(ms[victim].addr())
-				stacktest.WaitFor(t, time.Minute, func() bool { return sameView(rest...) }, "the other 4 install a view without the crashed member")
+				l.Net.Cut(ms[victim].Addr())
+				stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(rest...) }, "the other 4 install a view without the crashed member")
 				took := time.Since(start)
 				require.LessOrEqual(t, took, bound, "new view within timeout + verify time")
-				require.False(t, rest[0].ch.View().Contains(ms[victim].addr()))
+				require.False(t, rest[0].Ch.View().Contains(ms[victim].Addr()))
 				if which == "coordinator" {
-					require.Equal(t, ms[1].addr(), rest[0].ch.View().Coordinator(), "the next member took over")
+					require.Equal(t, ms[1].Addr(), rest[0].Ch.View().Coordinator(), "the next member took over")
 				}
-				checkViewHistories(t, rest)
+				grouptest.CheckViewHistories(t, rest)
 				t.Logf("crash to new view: %s (bound %s)", took, bound)
 			})
 		})
@@ -270,47 +76,47 @@ func TestCrashedMemberIsExcludedWithinTimeoutPlusVerify(t *testing.T) {
 }
 
 func TestCoordinatorCrashDuringJoinIsCompletedByNextMember(t *testing.T) {
-	seeds(t, func(t *testing.T, seed uint64) {
-		l := newLab(t, seed)
-		ms := l.start(3)
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(3)
 		a := ms[0]
-		d := l.add()
+		d := l.Add()
 		// A crashes the moment it answers D's join: its new view has gone
 		// out to B and C, but D never hears back.
-		l.net.SetLink(a.addr(), d.addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+		l.Net.SetLink(a.Addr(), d.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
 			if h, ok := m.Header(stack.IDGMS).(*gms.Header); ok && h.Kind() == "JOIN_RSP" {
-				l.net.Cut(a.addr())
+				l.Net.Cut(a.Addr())
 				return true
 			}
 			return false
 		}})
-		l.connectAll(d)
-		rest := []*member{ms[1], ms[2], d}
-		stacktest.WaitFor(t, time.Minute, func() bool { return sameView(rest...) }, "B, C and D in one view")
-		v := d.ch.View()
-		require.Equal(t, ms[1].addr(), v.Coordinator(), "B took over")
-		require.False(t, v.Contains(a.addr()))
-		checkViewHistories(t, rest)
+		l.ConnectAll(d)
+		rest := []*grouptest.Member{ms[1], ms[2], d}
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(rest...) }, "B, C and D in one view")
+		v := d.Ch.View()
+		require.Equal(t, ms[1].Addr(), v.Coordinator(), "B took over")
+		require.False(t, v.Contains(a.Addr()))
+		grouptest.CheckViewHistories(t, rest)
 	})
 }
 
 func TestPartitionHealsIntoOneMergeViewWithTwoSubgroups(t *testing.T) {
-	seeds(t, func(t *testing.T, seed uint64) {
-		l := newLab(t, seed)
-		ms := l.start(5)
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(5)
 		left, right := ms[:3], ms[3:]
-		addrs := func(ms []*member) []stack.Address {
+		addrs := func(ms []*grouptest.Member) []stack.Address {
 			var out []stack.Address
 			for _, m := range ms {
-				out = append(out, m.addr())
+				out = append(out, m.Addr())
 			}
 			return out
 		}
-		l.net.Partition(addrs(left), addrs(right))
-		stacktest.WaitFor(t, time.Minute, func() bool { return sameView(left...) && sameView(right...) }, "two views, of 3 and of 2")
-		l.net.Heal()
-		stacktest.WaitFor(t, 2*time.Minute, func() bool { return sameView(ms...) }, "one view of all 5 after healing")
-		v := ms[0].ch.View()
+		l.Net.Partition(addrs(left), addrs(right))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(left...) && grouptest.SameView(right...) }, "two views, of 3 and of 2")
+		l.Net.Heal()
+		stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(ms...) }, "one view of all 5 after healing")
+		v := ms[0].Ch.View()
 		require.True(t, v.IsMerge(), "the view after healing is a merge view: %s", v)
 		require.Len(t, v.Subgroups, 2)
 		var subs [][]stack.Address
@@ -325,126 +131,126 @@ func TestPartitionHealsIntoOneMergeViewWithTwoSubgroups(t *testing.T) {
 		}
 		require.ElementsMatch(t, want, subs, "the subgroups are the two sides of the partition")
 		for i, m := range ms {
-			views := m.col.Views()
+			views := m.Col.Views()
 			require.True(t, views[len(views)-1].IsMerge(), "member %d was told of the merge view", i)
 		}
-		checkViewHistories(t, ms)
+		grouptest.CheckViewHistories(t, ms)
 	})
 }
 
 func TestBriefSilenceShorterThanVerifyIsNotExcluded(t *testing.T) {
-	seeds(t, func(t *testing.T, seed uint64) {
-		l := newLab(t, seed)
-		ms := l.start(4)
-		before := ms[0].ch.View().ID
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(4)
+		before := ms[0].Ch.View().ID
 		x := ms[2]
-		l.net.Cut(x.addr())
+		l.Net.Cut(x.Addr())
 		// Wait until someone suspects x and is verifying it; then x comes back.
 		stacktest.WaitFor(t, time.Minute, func() bool {
-			return stacktest.Stat(t, ms[0].verify, "verifying") > 0
+			return stacktest.Stat(t, ms[0].Verify, "verifying") > 0
 		}, "the coordinator verifies a suspicion of x")
-		l.net.Restore(x.addr())
+		l.Net.Restore(x.Addr())
 		// Far longer than any exclusion would take.
-		time.Sleep(3 * (fdTimeout + verifyTimeout))
-		require.True(t, sameView(ms...), "still one view of 4")
-		require.Equal(t, before, ms[0].ch.View().ID, "no view change at all")
-		require.Positive(t, stacktest.Stat(t, ms[0].verify, "suspicions_cleared"), "the suspicion was cleared by a sign of life")
+		time.Sleep(3 * (grouptest.FDTimeout + grouptest.VerifyTimeout))
+		require.True(t, grouptest.SameView(ms...), "still one view of 4")
+		require.Equal(t, before, ms[0].Ch.View().ID, "no view change at all")
+		require.Positive(t, stacktest.Stat(t, ms[0].Verify, "suspicions_cleared"), "the suspicion was cleared by a sign of life")
 	})
 }
 
 func TestGracefulLeavesAreImmediate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLab(t, 1)
-		ms := l.start(4)
+		l := grouptest.New(t, 1)
+		ms := l.Start(4)
 		// A participant leaves.
 		start := time.Now()
-		require.NoError(t, ms[3].ch.Disconnect(context.Background()))
-		stacktest.WaitFor(t, time.Minute, func() bool { return sameView(ms[:3]...) }, "3 left")
-		require.Less(t, time.Since(start), fdTimeout, "a leave does not wait for failure detection")
+		require.NoError(t, ms[3].Ch.Disconnect(context.Background()))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[:3]...) }, "3 left")
+		require.Less(t, time.Since(start), grouptest.FDTimeout, "a leave does not wait for failure detection")
 		// The coordinator leaves; the next member takes over.
 		start = time.Now()
-		require.NoError(t, ms[0].ch.Disconnect(context.Background()))
-		stacktest.WaitFor(t, time.Minute, func() bool { return sameView(ms[1:3]...) }, "2 left")
-		require.Less(t, time.Since(start), fdTimeout)
-		require.Equal(t, ms[1].addr(), ms[1].ch.View().Coordinator())
-		require.Nil(t, ms[0].ch.View(), "a member that left has no view")
-		checkViewHistories(t, ms[1:3])
+		require.NoError(t, ms[0].Ch.Disconnect(context.Background()))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[1:3]...) }, "2 left")
+		require.Less(t, time.Since(start), grouptest.FDTimeout)
+		require.Equal(t, ms[1].Addr(), ms[1].Ch.View().Coordinator())
+		require.Nil(t, ms[0].Ch.View(), "a member that left has no view")
+		grouptest.CheckViewHistories(t, ms[1:3])
 		// The one that left can come back, as a new member.
-		require.NoError(t, ms[0].ch.Connect(context.Background(), "test"))
-		stacktest.WaitFor(t, time.Minute, func() bool { return sameView(ms[0], ms[1], ms[2]) }, "3 again")
+		require.NoError(t, ms[0].Ch.Connect(context.Background(), "test"))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[0], ms[1], ms[2]) }, "3 again")
 	})
 }
 
 func TestJoinerThatCannotReachTheCoordinatorStartsAlone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLab(t, 1)
-		l.gmsCfg.MaxJoinAttempts = 3
-		a := l.start(1)[0]
-		b := l.add()
-		l.net.SetLink(b.addr(), a.addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+		l := grouptest.New(t, 1)
+		l.GMS.MaxJoinAttempts = 3
+		a := l.Start(1)[0]
+		b := l.Add()
+		l.Net.SetLink(b.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
 			h, ok := m.Header(stack.IDGMS).(*gms.Header)
 			return ok && h.Kind() == "JOIN_REQ"
 		}})
 		start := time.Now()
-		l.connectAll(b)
+		l.ConnectAll(b)
 		took := time.Since(start)
-		require.Equal(t, 1, b.ch.View().Size(), "b starts a group of its own")
-		require.GreaterOrEqual(t, took, 3*joinTimeout, "after max_join_attempts x join_timeout")
-		require.Contains(t, b.log.String(), "could not join a coordinator", "and says so in the log")
+		require.Equal(t, 1, b.Ch.View().Size(), "b starts a group of its own")
+		require.GreaterOrEqual(t, took, 3*grouptest.JoinTimeout, "after max_join_attempts x join_timeout")
+		require.Contains(t, b.Log.String(), "could not join a coordinator", "and says so in the log")
 	})
 }
 
 func TestMessagesFlowAfterJoin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLab(t, 1)
-		ms := l.start(3)
+		l := grouptest.New(t, 1)
+		ms := l.Start(3)
 		const per = 100
 		for i, m := range ms {
 			for s := range per {
-				require.NoError(t, m.ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 32))))
+				require.NoError(t, m.Ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 32))))
 			}
 		}
-		addrs := []stack.Address{ms[0].addr(), ms[1].addr(), ms[2].addr()}
+		addrs := []stack.Address{ms[0].Addr(), ms[1].Addr(), ms[2].Addr()}
 		stacktest.WaitFor(t, time.Minute, func() bool {
 			for _, m := range ms {
-				if m.col.Len() < 3*per {
+				if m.Col.Len() < 3*per {
 					return false
 				}
 			}
 			return true
 		}, "every multicast delivered everywhere")
 		for i, m := range ms {
-			require.Empty(t, m.col.CheckExactlyOnce(addrs, per, true), "member %d", i)
+			require.Empty(t, m.Col.CheckExactlyOnce(addrs, per, true), "member %d", i)
 		}
 	})
 }
 
 func TestConcurrentJoinsAndMessagesUnderLoss(t *testing.T) {
-	seeds(t, func(t *testing.T, seed uint64) {
-		l := newLab(t, seed)
-		l.net.SetDefault(sim.Rule{Drop: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
-		ms := l.start(5)
-		checkViewHistories(t, ms)
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		l.Net.SetDefault(sim.Rule{Drop: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
+		ms := l.Start(5)
+		grouptest.CheckViewHistories(t, ms)
 		const per = 50
 		for i, m := range ms {
 			for s := range per {
-				require.NoError(t, m.ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 32))))
+				require.NoError(t, m.Ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 32))))
 			}
 		}
 		var addrs []stack.Address
 		for _, m := range ms {
-			addrs = append(addrs, m.addr())
+			addrs = append(addrs, m.Addr())
 		}
 		stacktest.WaitFor(t, 5*time.Minute, func() bool {
 			for _, m := range ms {
-				if m.col.Len() < len(ms)*per {
+				if m.Col.Len() < len(ms)*per {
 					return false
 				}
 			}
 			return true
 		}, "every multicast delivered everywhere")
 		for i, m := range ms {
-			require.Empty(t, m.col.CheckExactlyOnce(addrs, per, true), "member %d", i)
+			require.Empty(t, m.Col.CheckExactlyOnce(addrs, per, true), "member %d", i)
 		}
 	})
 }

@@ -58,6 +58,8 @@ type NAKACK struct {
 	lastTick uint64 // seqno at the previous xmit run, for own messages whose loopback was lost
 	backoff  time.Duration
 	lastHS   time.Time
+	waiting  int           // goroutines in WaitDelivered
+	progress chan struct{} // closed (and replaced) when delivery moves on and someone waits
 
 	st stats
 }
@@ -76,6 +78,8 @@ type table struct {
 	bytes       int64
 	removing    bool
 	xmit        stack.Pacer
+	asks        int    // requests since hd last moved
+	askedAt     uint64 // hd at the last request
 }
 
 // maxXmitBytes caps the payload one retransmission request is answered
@@ -279,6 +283,62 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	return true, nil
 }
 
+// signalLocked wakes WaitDelivered callers; callers hold n.mu.
+func (n *NAKACK) signalLocked() {
+	if n.waiting > 0 {
+		close(n.progress)
+		n.progress = make(chan struct{})
+	}
+}
+
+// WaitDelivered returns once this member has delivered (and the layers
+// above have taken) every message of each listed sender up to the entry's
+// highest received seqno, fetching the ones it lacks; or with ctx's error.
+// Senders it has no table for are skipped. FLUSH uses it to make every
+// member deliver the same messages before a view change.
+func (n *NAKACK) WaitDelivered(ctx context.Context, target Digest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for {
+		ready := true
+		for _, e := range target {
+			t := n.tables[e.Member]
+			if t == nil {
+				continue
+			}
+			goal := max(e.HighestReceived, e.HighestDelivered)
+			if goal > t.hr && e.Member != n.LocalAddress() {
+				t.hr = goal // the retransmission task asks for the gap
+			}
+			if t.hd < goal || t.removing {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		if n.progress == nil {
+			n.progress = make(chan struct{})
+		}
+		n.waiting++
+		ch := n.progress
+		n.mu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-n.Done():
+			err = stack.ErrClosed
+		}
+		n.mu.Lock()
+		n.waiting--
+		if err != nil {
+			return err
+		}
+	}
+}
+
 // deliverFrom passes up src's messages in seqno order; one goroutine at a
 // time per sender.
 func (n *NAKACK) deliverFrom(src stack.Address) {
@@ -295,12 +355,14 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		if !finished {
 			n.mu.Lock()
 			t.removing = false
+			n.signalLocked()
 			n.mu.Unlock()
 		}
 	}()
 	for {
 		if n.tables[src] != t {
 			t.removing, finished = false, true
+			n.signalLocked()
 			n.mu.Unlock()
 			return
 		}
@@ -318,6 +380,7 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		}
 		if len(msgs) == 0 {
 			t.removing, finished = false, true
+			n.signalLocked()
 			n.mu.Unlock()
 			return
 		}
@@ -390,8 +453,15 @@ func (n *NAKACK) xmitTask() {
 			continue
 		}
 		n.st.gaps.Add(int64(len(missing)))
+		if t.hd == t.askedAt {
+			t.asks++
+		} else {
+			t.asks, t.askedAt = 0, t.hd
+		}
 		to := src
-		if n.view != nil && !n.view.Contains(src) && len(others) > 0 {
+		// A sender that left, or has not answered the last request (it may
+		// have crashed), is not the only member that may hold the messages.
+		if len(others) > 0 && (n.view != nil && !n.view.Contains(src) || t.asks%2 == 1) {
 			to = others[rand.IntN(len(others))]
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
@@ -456,6 +526,12 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		}
 		n.stable(d)
 		return nil, nil
+	case stack.EvReconcile:
+		d, ok := ev.Arg.(Digest)
+		if !ok {
+			return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
+		}
+		return nil, n.WaitDelivered(ctx, d)
 	}
 	return n.PassDownEvent(ctx, ev)
 }
@@ -474,6 +550,7 @@ func (n *NAKACK) viewChange(v *stack.View) {
 			n.tables[a] = newTable(0)
 		}
 	}
+	n.signalLocked()
 }
 
 // Digest returns, per sender, the highest seqno delivered and received.

@@ -1,0 +1,749 @@
+// Package flush is FLUSH: it quiesces the group so that every member has
+// delivered the same messages, around view changes (virtual synchrony) and
+// state transfer.
+//
+// A round: the initiator sends START_FLUSH to the participants; each calls
+// Receiver.Block once, blocks the application's multicasts (unicasts and
+// INTERNAL messages pass), and answers FLUSH_COMPLETED with its NAKACK
+// digest. The initiator then sends every participant the highest seqno
+// anyone received from each sender; each fetches and delivers what it lacks
+// and answers. The work is done (a view installed, a state transferred);
+// then STOP_FLUSH unblocks everyone, and the initiator returns only when
+// every participant (and joiner) has said it is unblocked.
+//
+// Every flush message travels on the internal lane, out of band, so a
+// STOP_FLUSH is never queued behind an application message that is itself
+// blocked in FLUSH (the two hangs of JGroups' FLUSH). Out-of-band messages
+// may overtake each other, so every message carries its round id: a
+// participant remembers, per initiator, the last round that ended, ignores a
+// START_FLUSH that arrives after its own STOP_FLUSH, and a STOP_FLUSH ends
+// only its own round, never a newer one.
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures FLUSH.
+type Config struct {
+	Timeout      time.Duration `toml:"timeout" doc:"longest a member stays blocked; then it unblocks itself with a warning"`
+	StartTimeout time.Duration `toml:"start_flush_timeout" doc:"how long the initiator waits for every participant in each phase of a round"`
+	EndTimeout   time.Duration `toml:"end_flush_timeout" doc:"how long a stop waits for every participant to say it is unblocked"`
+	RetryTimeout time.Duration `toml:"retry_timeout" doc:"most a refused or timed-out round waits (randomly) before it is tried again"`
+	MaxAttempts  int           `toml:"max_attempts" doc:"attempts of one flush before it fails"`
+}
+
+// DefaultConfig returns FLUSH's defaults (JGroups' where it has them).
+func DefaultConfig() Config {
+	return Config{Timeout: 8 * time.Second, StartTimeout: 2 * time.Second, EndTimeout: 2 * time.Second, RetryTimeout: 2 * time.Second, MaxAttempts: 4}
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.Timeout <= 0:
+		return stack.BadKey("timeout", "must be > 0, got %s", c.Timeout)
+	case c.StartTimeout <= 0:
+		return stack.BadKey("start_flush_timeout", "must be > 0, got %s", c.StartTimeout)
+	case c.EndTimeout <= 0:
+		return stack.BadKey("end_flush_timeout", "must be > 0, got %s", c.EndTimeout)
+	case c.RetryTimeout <= 0:
+		return stack.BadKey("retry_timeout", "must be > 0, got %s", c.RetryTimeout)
+	case c.MaxAttempts < 1:
+		return stack.BadKey("max_attempts", "must be >= 1, got %d", c.MaxAttempts)
+	case c.Timeout < 2*c.StartTimeout:
+		return stack.BadKey("timeout", "(%s) must be at least twice start_flush_timeout (%s), or members unblock themselves in the middle of a round", c.Timeout, c.StartTimeout)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "FLUSH", ID: stack.IDFLUSH,
+		Doc:      "virtual synchrony: blocks multicasts and reconciles deliveries around view changes and state transfer",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.RegisterHeader(stack.HeaderType{ID: stack.IDFLUSH, Name: "FLUSH", Decode: decodeHeader, Samples: sampleHeaders})
+}
+
+// ErrFlushFailed is returned when a flush could not complete in
+// max_attempts (collisions with other rounds, or silent participants).
+var ErrFlushFailed = errors.New("flush: failed")
+
+// partRound is the round a participant is blocked for.
+type partRound struct {
+	id    RoundID
+	vc    bool
+	parts []stack.Address
+}
+
+// initRound is a round this member initiated.
+type initRound struct {
+	id       RoundID
+	vc       bool
+	parts    []stack.Address
+	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
+	answered map[stack.Address]nakack.Digest
+	refused  bool
+	wake     chan struct{}
+}
+
+func (ir *initRound) kick() {
+	select {
+	case ir.wake <- struct{}{}:
+	default:
+	}
+}
+
+// FLUSH is the FLUSH protocol.
+type FLUSH struct {
+	stack.Base
+	cfg Config
+
+	gate     stack.Gate
+	inflight sync.RWMutex // multicasts past the gate on their way down
+	pmu      sync.Mutex   // participant transitions, one at a time
+	owner    chan struct{}
+
+	mu          sync.Mutex
+	view        *stack.View
+	cur         *partRound // round this member is blocked for
+	joining     bool       // blocked since Connect, until the flush that installs the view stops
+	joinDone    chan struct{}
+	since       time.Time // blocked since
+	blockCalled bool
+	done        map[stack.Address]uint64 // per initiator: its rounds up to N have ended
+	n           uint64
+	run         *initRound // round this member initiated and has not stopped
+	regularStop bool       // test hook: STOP_FLUSH as a regular message
+
+	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, blockedNanos atomic.Int64
+}
+
+var _ stack.Protocol = (*FLUSH)(nil)
+
+// New returns a FLUSH layer.
+func New(cfg Config) *FLUSH {
+	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1), done: map[stack.Address]uint64{}}
+	return f
+}
+
+// Name returns "FLUSH".
+func (f *FLUSH) Name() string { return "FLUSH" }
+
+// Init validates the config.
+func (f *FLUSH) Init() error { return f.cfg.Validate() }
+
+// Start starts the safety valve that unblocks a member blocked too long.
+func (f *FLUSH) Start() error {
+	f.mu.Lock()
+	f.view, f.cur, f.joining, f.run, f.blockCalled = nil, nil, false, nil, false
+	clear(f.done)
+	f.mu.Unlock()
+	f.gate.Open()
+	f.GoEvery(f.cfg.Timeout/4, f.safetyValve)
+	return nil
+}
+
+// Blocked reports whether this member's multicasts are blocked.
+func (f *FLUSH) Blocked() bool { return f.gate.IsClosed() }
+
+// ---- the application's sends
+
+// Down holds multicasts back while the member is blocked; unicasts and
+// INTERNAL messages always pass.
+func (f *FLUSH) Down(ctx context.Context, m *stack.Message) error {
+	if !m.IsMulticast() || m.Flags&stack.Internal != 0 {
+		return f.PassDown(ctx, m)
+	}
+	for {
+		if err := f.gate.Wait(ctx, m); err != nil {
+			return err
+		}
+		f.inflight.RLock()
+		if f.gate.IsClosed() {
+			f.inflight.RUnlock()
+			continue
+		}
+		err := f.PassDown(ctx, m)
+		f.inflight.RUnlock()
+		return err
+	}
+}
+
+// block calls Receiver.Block (once per blocked period) and closes the gate;
+// it returns when no multicast is still on its way down past the gate, so
+// the digest taken next covers every multicast this member sent.
+func (f *FLUSH) block() {
+	f.mu.Lock()
+	call := !f.blockCalled
+	f.blockCalled = true
+	if f.since.IsZero() {
+		f.since = time.Now()
+	}
+	f.mu.Unlock()
+	if call {
+		_, _ = f.PassUpEvent(stack.Ev(stack.EvBlock, nil))
+	}
+	f.gate.Close()
+	f.inflight.Lock()
+	f.inflight.Unlock() //nolint:staticcheck // an empty critical section: waits for the senders inside
+}
+
+// unblock opens the gate and calls Receiver.Unblock if Block was called.
+// Callers hold pmu.
+func (f *FLUSH) unblock() {
+	f.mu.Lock()
+	call := f.blockCalled
+	f.blockCalled = false
+	f.cur = nil
+	if f.joining {
+		f.joining = false
+		close(f.joinDone)
+	}
+	if !f.since.IsZero() {
+		f.blockedNanos.Add(int64(time.Since(f.since)))
+		f.since = time.Time{}
+	}
+	f.mu.Unlock()
+	f.gate.Open()
+	if call {
+		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnblock, nil))
+	}
+}
+
+func (f *FLUSH) safetyValve() {
+	f.mu.Lock()
+	stuck := (f.cur != nil || f.joining) && !f.since.IsZero() && time.Since(f.since) > f.cfg.Timeout
+	cur := f.cur
+	f.mu.Unlock()
+	if !stuck {
+		return
+	}
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	f.safetyUnblocks.Add(1)
+	if cur != nil {
+		f.Log().Warn("flush: blocked for longer than timeout without a STOP_FLUSH; unblocking", "round", cur.id, "timeout", f.cfg.Timeout)
+	} else {
+		f.Log().Warn("flush: joined but no STOP_FLUSH within timeout (is FLUSH in every member's stack?); unblocking", "timeout", f.cfg.Timeout)
+	}
+	f.unblock()
+}
+
+// ---- messages
+
+func (f *FLUSH) send(dest stack.Address, h *Header) {
+	if dest == f.LocalAddress() {
+		f.handle(dest, h)
+		return
+	}
+	flags := stack.Internal | stack.OOB
+	f.mu.Lock()
+	if f.regularStop && h.Type == typeStop {
+		flags = 0
+	}
+	f.mu.Unlock()
+	m := stack.NewMessage(dest, nil).Set(flags)
+	m.PutHeader(f.ID(), h)
+	if err := f.PassDown(context.Background(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
+		f.Log().Debug("flush: send failed", "type", h.Kind(), "to", dest, "error", err)
+	}
+}
+
+// Up handles flush messages; others pass.
+func (f *FLUSH) Up(m *stack.Message) {
+	h, ok := m.Header(f.ID()).(*Header)
+	if !ok {
+		f.PassUp(m)
+		return
+	}
+	f.handle(m.Src, h)
+}
+
+// UpBatch takes flush messages out of a batch.
+func (f *FLUSH) UpBatch(bt *stack.Batch) {
+	bt.Keep(func(m *stack.Message) bool {
+		h, ok := m.Header(f.ID()).(*Header)
+		if ok {
+			f.handle(m.Src, h)
+		}
+		return !ok
+	})
+	if len(bt.Msgs) > 0 {
+		f.PassUpBatch(bt)
+	}
+}
+
+func (f *FLUSH) handle(src stack.Address, h *Header) {
+	switch h.Type {
+	case typeStart:
+		f.handleStart(src, h)
+	case typeReconcile:
+		f.handleReconcile(src, h)
+	case typeStop, typeAbort:
+		f.handleStop(src, h)
+	case typeCompleted, typeReconcileOK, typeUnblocked:
+		f.answer(src, h)
+	case typeNotCompleted:
+		f.mu.Lock()
+		if ir := f.run; ir != nil && ir.id == h.Round && ir.phase == typeCompleted {
+			ir.refused = true
+			ir.kick()
+		}
+		f.mu.Unlock()
+		f.refusals.Add(1)
+	}
+}
+
+// supersedes reports whether round n takes the place of cur at a
+// participant: a newer round of the same initiator; a view-change round
+// over an application's round, or over a view-change round whose initiator
+// it leaves out (the coordinator crashed or left); between two application
+// rounds, the initiator with the lower address wins, so colliding
+// initiators never livelock.
+func supersedes(n *Header, cur *partRound) bool {
+	switch {
+	case n.Round.Initiator == cur.id.Initiator:
+		return n.Round.N > cur.id.N
+	case n.ViewChange && !cur.vc:
+		return true
+	case n.ViewChange && cur.vc:
+		return !slices.Contains(n.Participants, cur.id.Initiator)
+	case !n.ViewChange && !cur.vc:
+		return n.Round.Initiator.Compare(cur.id.Initiator) < 0
+	}
+	return false
+}
+
+func (f *FLUSH) handleStart(src stack.Address, h *Header) {
+	if src != h.Round.Initiator {
+		return
+	}
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	f.mu.Lock()
+	if h.Round.N <= f.done[src] {
+		// Its STOP_FLUSH (or ABORT) overtook it: the round is over.
+		f.mu.Unlock()
+		f.lateStarts.Add(1)
+		return
+	}
+	var old *partRound
+	switch cur := f.cur; {
+	case cur == nil:
+	case cur.id == h.Round:
+		f.mu.Unlock()
+		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest()})
+		return
+	case supersedes(h, cur):
+		old = cur
+	default:
+		f.mu.Unlock()
+		f.send(src, &Header{Type: typeNotCompleted, Round: h.Round})
+		return
+	}
+	f.cur = &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
+	f.mu.Unlock()
+	if old != nil {
+		f.superseded.Add(1)
+		f.send(old.id.Initiator, &Header{Type: typeNotCompleted, Round: old.id})
+	}
+	f.block()
+	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest()})
+}
+
+func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
+	f.mu.Lock()
+	cur := f.cur
+	f.mu.Unlock()
+	if cur == nil || cur.id != h.Round {
+		return
+	}
+	f.Go(func(done <-chan struct{}) {
+		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.StartTimeout)
+		defer cancel()
+		go func() {
+			select {
+			case <-done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, h.Digest)); err != nil {
+			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
+			return
+		}
+		f.send(src, &Header{Type: typeReconcileOK, Round: h.Round})
+	})
+}
+
+func (f *FLUSH) handleStop(src stack.Address, h *Header) {
+	if src != h.Round.Initiator {
+		return
+	}
+	f.pmu.Lock()
+	f.mu.Lock()
+	if h.Round.N > f.done[src] {
+		f.done[src] = h.Round.N
+	}
+	mine := f.cur != nil && f.cur.id == h.Round
+	joiner := f.cur == nil && f.joining
+	f.mu.Unlock()
+	if mine || joiner {
+		f.unblock()
+	}
+	f.pmu.Unlock()
+	f.send(src, &Header{Type: typeUnblocked, Round: h.Round})
+}
+
+func (f *FLUSH) answer(src stack.Address, h *Header) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ir := f.run
+	if ir == nil || ir.id != h.Round || ir.phase != h.Type {
+		return
+	}
+	ir.answered[src] = h.Digest
+	ir.kick()
+}
+
+func (f *FLUSH) digest() nakack.Digest {
+	v, err := f.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+	if err != nil {
+		return nil
+	}
+	d, _ := v.(nakack.Digest)
+	return d
+}
+
+// ---- the initiator
+
+// StartFlush runs a round over the participants (nil: the view) and
+// returns when they are all blocked and have delivered the same messages.
+// It retries a refused or timed-out round up to max_attempts times.
+func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
+	select {
+	case f.owner <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.Done():
+		return stack.ErrClosed
+	}
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = f.attempt(ctx, req); err == nil {
+			f.completed.Add(1)
+			return nil
+		}
+		if attempt >= f.cfg.MaxAttempts || ctx.Err() != nil {
+			break
+		}
+		backoff := f.cfg.RetryTimeout/2 + rand.N(f.cfg.RetryTimeout/2+1)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-f.Done():
+		}
+		t.Stop()
+	}
+	f.failed.Add(1)
+	<-f.owner
+	return fmt.Errorf("%w: %w", ErrFlushFailed, err)
+}
+
+func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
+	self := f.LocalAddress()
+	parts := req.Participants
+	f.mu.Lock()
+	if parts == nil && f.view != nil {
+		parts = f.view.Members
+	}
+	if len(parts) == 0 {
+		parts = []stack.Address{self}
+	}
+	f.n++
+	ir := &initRound{id: RoundID{Initiator: self, N: f.n}, vc: req.ViewChange, parts: slices.Clone(parts),
+		phase: typeCompleted, answered: map[stack.Address]nakack.Digest{}, wake: make(chan struct{}, 1)}
+	f.run = ir
+	f.mu.Unlock()
+	f.started.Add(1)
+	start := &Header{Type: typeStart, Round: ir.id, ViewChange: ir.vc, Participants: ir.parts}
+	for _, p := range ir.parts {
+		f.send(p, start)
+	}
+	err := f.await(ctx, ir, f.cfg.StartTimeout, func(p stack.Address) { f.send(p, start) })
+	if err == nil {
+		// Every participant fetches and delivers what anyone received.
+		target := maxDigest(ir.answered)
+		f.mu.Lock()
+		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]nakack.Digest{}
+		f.mu.Unlock()
+		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target}
+		for _, p := range ir.parts {
+			f.send(p, rec)
+		}
+		err = f.await(ctx, ir, f.cfg.StartTimeout, func(p stack.Address) { f.send(p, rec) })
+	}
+	if err != nil {
+		for _, p := range ir.parts {
+			f.send(p, &Header{Type: typeAbort, Round: ir.id})
+		}
+		f.mu.Lock()
+		f.run = nil
+		f.mu.Unlock()
+	}
+	return err
+}
+
+// maxDigest takes, per sender, the highest seqno any participant received.
+func maxDigest(ds map[stack.Address]nakack.Digest) nakack.Digest {
+	best := map[stack.Address]nakack.DigestEntry{}
+	for _, d := range ds {
+		for _, e := range d {
+			b, ok := best[e.Member]
+			hi := max(e.HighestReceived, e.HighestDelivered)
+			if !ok || hi > b.HighestReceived {
+				best[e.Member] = nakack.DigestEntry{Member: e.Member, HighestDelivered: hi, HighestReceived: hi}
+			}
+		}
+	}
+	out := make(nakack.Digest, 0, len(best))
+	for _, e := range best {
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b nakack.DigestEntry) int { return a.Member.Compare(b.Member) })
+	return out
+}
+
+// await waits until every participant still in the view has answered the
+// current phase, the round is refused, or timeout passes. Every quarter of
+// the timeout it sends the phase's message again to those that have not
+// answered: participants take duplicates in their stride, and a lost or
+// slow copy then never costs the whole timeout.
+func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration, again func(p stack.Address)) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	resend := time.NewTicker(timeout / 4)
+	defer resend.Stop()
+	for {
+		f.mu.Lock()
+		refused := ir.refused
+		var missing []stack.Address
+		for _, p := range ir.parts {
+			if _, ok := ir.answered[p]; !ok && (f.view == nil || f.view.Contains(p) || p == f.LocalAddress()) {
+				missing = append(missing, p)
+			}
+		}
+		phase := ir.phase
+		f.mu.Unlock()
+		switch {
+		case refused:
+			return fmt.Errorf("round %s refused by a participant in another round", ir.id)
+		case len(missing) == 0:
+			return nil
+		}
+		select {
+		case <-ir.wake:
+		case <-resend.C:
+			for _, p := range missing {
+				again(p)
+			}
+		case <-t.C:
+			f.Log().Warn("flush: participants did not answer in time", "round", ir.id, "awaiting", typeNames[phase], "missing", missing, "timeout", timeout)
+			return fmt.Errorf("round %s: no %s from %v within %s", ir.id, typeNames[phase], missing, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.Done():
+			return stack.ErrClosed
+		}
+	}
+}
+
+// StopFlush ends the round this member started: STOP_FLUSH to the
+// participants and it returns when every one of them still in the view has
+// said it is unblocked (or after end_flush_timeout). Joiners (extra) get
+// their STOP_FLUSH only after that, so a joiner's Connect returns into a
+// group where everyone can send.
+func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
+	f.mu.Lock()
+	ir := f.run
+	if ir == nil || ir.phase == typeUnblocked {
+		f.mu.Unlock()
+		return nil
+	}
+	var joiners []stack.Address
+	for _, a := range extra {
+		if !slices.Contains(ir.parts, a) {
+			joiners = append(joiners, a)
+		}
+	}
+	f.mu.Unlock()
+	err := f.stopPhase(ctx, ir, slices.Clone(ir.parts))
+	if len(joiners) > 0 && !errors.Is(err, stack.ErrClosed) {
+		f.mu.Lock()
+		ir.parts = append(ir.parts, joiners...)
+		f.mu.Unlock()
+		err = f.stopPhase(ctx, ir, joiners)
+	}
+	f.mu.Lock()
+	if f.run == ir {
+		f.run = nil
+	}
+	f.mu.Unlock()
+	<-f.owner
+	if err != nil {
+		// Logged by await; the members unblock themselves at the latest
+		// after timeout.
+		return fmt.Errorf("flush: stop: %w", err)
+	}
+	return nil
+}
+
+func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address) error {
+	f.mu.Lock()
+	ir.phase, ir.answered = typeUnblocked, map[stack.Address]nakack.Digest{}
+	// Only the members of this phase are awaited.
+	for _, p := range ir.parts {
+		if !slices.Contains(to, p) {
+			ir.answered[p] = nil
+		}
+	}
+	f.mu.Unlock()
+	stop := &Header{Type: typeStop, Round: ir.id}
+	for _, p := range to {
+		f.send(p, stop)
+	}
+	return f.await(ctx, ir, f.cfg.EndTimeout, func(p stack.Address) { f.send(p, stop) })
+}
+
+// ---- events
+
+// DownEvent runs flushes for the channel, blocks a joiner from the moment
+// it asks to join, and tracks the view.
+func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvStartFlush:
+		req, _ := ev.Arg.(stack.FlushRequest)
+		return nil, f.StartFlush(ctx, req)
+	case stack.EvStopFlush:
+		req, _ := ev.Arg.(stack.FlushRequest)
+		return nil, f.StopFlush(ctx, req.Participants)
+	case stack.EvConnect:
+		return nil, f.connect(ctx, ev)
+	case stack.EvViewChange:
+		if v, ok := ev.Arg.(*stack.View); ok {
+			f.viewChange(v)
+		}
+	case stack.EvDisconnect:
+		f.pmu.Lock()
+		f.unblock()
+		f.pmu.Unlock()
+	}
+	return f.PassDownEvent(ctx, ev)
+}
+
+// UpEvent runs GMS's flushes around view changes.
+func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvStartFlush:
+		req, _ := ev.Arg.(stack.FlushRequest)
+		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
+		defer cancel()
+		return nil, f.StartFlush(ctx, req)
+	case stack.EvStopFlush:
+		req, _ := ev.Arg.(stack.FlushRequest)
+		return nil, f.StopFlush(context.Background(), req.Participants)
+	}
+	return f.PassUpEvent(ev)
+}
+
+func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
+	f.pmu.Lock()
+	f.mu.Lock()
+	f.joining, f.joinDone = true, make(chan struct{})
+	joined := f.joinDone
+	f.mu.Unlock()
+	f.block()
+	f.pmu.Unlock()
+	if _, err := f.PassDownEvent(ctx, ev); err != nil {
+		f.pmu.Lock()
+		f.unblock()
+		f.pmu.Unlock()
+		return err
+	}
+	f.mu.Lock()
+	alone := f.view.Size() <= 1
+	f.mu.Unlock()
+	if alone {
+		f.pmu.Lock()
+		f.unblock()
+		f.pmu.Unlock()
+		return nil
+	}
+	// Connect returns into a group where everyone can send: after the
+	// STOP_FLUSH of the flush that installed this member's view.
+	select {
+	case <-joined:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.Done():
+		return stack.ErrClosed
+	}
+}
+
+func (f *FLUSH) viewChange(v *stack.View) {
+	f.mu.Lock()
+	f.view = v
+	orphan := f.cur != nil && !v.Contains(f.cur.id.Initiator) && f.cur.id.Initiator != f.LocalAddress()
+	cur := f.cur
+	f.mu.Unlock()
+	if orphan {
+		f.Log().Info("flush: the round's initiator left the view; unblocking", "round", cur.id)
+		f.pmu.Lock()
+		f.mu.Lock()
+		still := f.cur == cur
+		f.mu.Unlock()
+		if still {
+			f.unblock()
+		}
+		f.pmu.Unlock()
+	}
+	f.mu.Lock()
+	if ir := f.run; ir != nil {
+		ir.kick() // members that left are no longer awaited
+	}
+	f.mu.Unlock()
+}
+
+// Stats reports FLUSH's counters.
+func (f *FLUSH) Stats() []stack.Stat {
+	blocked := int64(0)
+	if f.gate.IsClosed() {
+		blocked = 1
+	}
+	return []stack.Stat{
+		{Name: "blocked", Value: blocked},
+		{Name: "blocked_time_ns", Value: f.blockedNanos.Load()},
+		{Name: "rounds_started", Value: f.started.Load()},
+		{Name: "flushes_completed", Value: f.completed.Load()},
+		{Name: "flushes_failed", Value: f.failed.Load()},
+		{Name: "refusals_received", Value: f.refusals.Load()},
+		{Name: "rounds_superseded", Value: f.superseded.Load()},
+		{Name: "late_starts_ignored", Value: f.lateStarts.Load()},
+		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
+	}
+}

@@ -1,0 +1,316 @@
+package flush_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/protocols/flush"
+	"github.com/strata-go/strata/protocols/gms"
+	"github.com/strata-go/strata/protocols/sim"
+	"github.com/strata-go/strata/protocols/statetransfer"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+// receiver records what a member delivers, in which view, and how often it
+// was blocked; OnMsg runs in the delivery callback.
+type receiver struct {
+	*stacktest.Collector
+	mu       sync.Mutex
+	view     stack.ViewID
+	inView   map[stack.ViewID]map[string]bool
+	next     map[stack.ViewID]stack.ViewID // the view that followed
+	blocks   atomic.Int32
+	unblocks atomic.Int32
+	OnMsg    func(m *stack.Message)
+}
+
+func newReceiver(col *stacktest.Collector) *receiver {
+	return &receiver{Collector: col, inView: map[stack.ViewID]map[string]bool{}, next: map[stack.ViewID]stack.ViewID{}}
+}
+
+func (r *receiver) Receive(m *stack.Message) {
+	if f := r.OnMsg; f != nil {
+		f(m)
+	}
+	r.mu.Lock()
+	if s, seq, ok := stacktest.ParsePayload(m.Payload); ok && m.IsMulticast() {
+		set := r.inView[r.view]
+		if set == nil {
+			set = map[string]bool{}
+			r.inView[r.view] = set
+		}
+		set[fmt.Sprint(s, "/", seq)] = true
+	}
+	r.mu.Unlock()
+	r.Collector.Receive(m)
+}
+
+func (r *receiver) ViewAccepted(v *stack.View) {
+	r.mu.Lock()
+	if r.view != (stack.ViewID{}) {
+		r.next[r.view] = v.ID
+	}
+	r.view = v.ID
+	r.mu.Unlock()
+	r.Collector.ViewAccepted(v)
+}
+
+func (r *receiver) Block()   { r.blocks.Add(1) }
+func (r *receiver) Unblock() { r.unblocks.Add(1) }
+
+type member struct {
+	*grouptest.Member
+	r  *receiver
+	f  *flush.FLUSH
+	st *statetransfer.StateTransfer
+}
+
+type lab struct {
+	*grouptest.Lab
+	recv  []*receiver
+	state func(i int) stack.StateHandler
+}
+
+func newLab(t *testing.T, seed uint64) *lab {
+	l := &lab{Lab: grouptest.New(t, seed)}
+	l.Top = func(i int) []stack.Protocol {
+		return []stack.Protocol{statetransfer.New(statetransfer.DefaultConfig()), flush.New(flush.DefaultConfig())}
+	}
+	l.Receiver = func(i int, col *stacktest.Collector) stack.Receiver {
+		r := newReceiver(col)
+		l.recv = append(l.recv, r)
+		if l.state != nil {
+			return &stateful{receiver: r, h: l.state(i)}
+		}
+		return r
+	}
+	return l
+}
+
+type stateful struct {
+	*receiver
+	h stack.StateHandler
+}
+
+func (s *stateful) GetState(w io.Writer) error { return s.h.GetState(w) }
+func (s *stateful) SetState(rd io.Reader) error  { return s.h.SetState(rd) }
+
+func (l *lab) wrap(m *grouptest.Member) *member {
+	return &member{Member: m, r: l.recv[len(l.recv)-1], st: m.Top[0].(*statetransfer.StateTransfer), f: m.Top[1].(*flush.FLUSH)}
+}
+
+func (l *lab) add() *member { return l.wrap(l.Add()) }
+
+func (l *lab) start(n int) []*member {
+	for range n {
+		l.Add()
+	}
+	l.ConnectAll(l.Members...)
+	stacktest.WaitFor(l.T, time.Minute, func() bool { return grouptest.SameView(l.Members...) }, "%d in one view", n)
+	var out []*member
+	for _, gm := range grouptest.ByView(l.Members) {
+		i := slices.Index(l.Members, gm)
+		out = append(out, &member{Member: gm, r: l.recv[i], st: gm.Top[0].(*statetransfer.StateTransfer), f: gm.Top[1].(*flush.FLUSH)})
+	}
+	return out // in the view's order
+}
+
+func anyBlocked(ms []*member) bool {
+	for _, m := range ms {
+		if m.f.Blocked() {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFlushBlocksMulticastsUntilASynchronousStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		require.False(t, anyBlocked(ms))
+		var blocks, unblocks []int32
+		for _, m := range ms {
+			blocks, unblocks = append(blocks, m.r.blocks.Load()), append(unblocks, m.r.unblocks.Load())
+		}
+		require.NoError(t, ms[0].Ch.StartFlush(t.Context()))
+		for i, m := range ms {
+			require.True(t, m.f.Blocked(), "member %d blocked", i)
+			require.Equal(t, blocks[i]+1, m.r.blocks.Load(), "member %d: Block called once", i)
+		}
+		sent := make(chan error, 1)
+		go func() { sent <- ms[1].Ch.SendTo(context.Background(), stack.Address{}, stacktest.Payload(1, 0, 8)) }()
+		require.NoError(t, ms[1].Ch.SendTo(t.Context(), ms[2].Addr(), []byte("unicasts pass")))
+		stacktest.WaitFor(t, time.Minute, func() bool { return ms[2].Col.Len() == 1 }, "the unicast arrives during the flush")
+		synctest.Wait()
+		select {
+		case err := <-sent:
+			t.Fatalf("a multicast went out during the flush (%v)", err)
+		default:
+		}
+		require.NoError(t, ms[0].Ch.StopFlush(t.Context()))
+		// Synchronous: when StopFlush returns, everyone is unblocked.
+		require.False(t, anyBlocked(ms), "every member unblocked when StopFlush returns")
+		for i, m := range ms {
+			require.Equal(t, unblocks[i]+1, m.r.unblocks.Load(), "member %d: Unblock called once", i)
+		}
+		require.NoError(t, <-sent)
+	})
+}
+
+func TestJoinerConnectsIntoAGroupWhereEveryoneCanSend(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		ms := l.start(2)
+		c := l.add()
+		l.ConnectAll(c.Member)
+		require.False(t, anyBlocked(append(ms, c)), "Connect returns when the flush of its view has stopped everywhere")
+		require.True(t, grouptest.SameView(ms[0].Member, ms[1].Member, c.Member))
+		require.EqualValues(t, 1, c.r.blocks.Load(), "the joiner blocked from the moment it asked to join")
+		require.EqualValues(t, 1, c.r.unblocks.Load())
+		require.Positive(t, stacktest.Stat(t, ms[0].f, "flushes_completed"), "the coordinator flushed before the view change")
+	})
+}
+
+// TestSeedHang1StateRequestServedInTheDeliveryGoroutine is the first hang
+// of seeds/flush-hangs.txt: A runs, B joins; B sends A a unicast as soon as
+// it has its view (A is still blocked in the join's flush); A answers from
+// its receive callback with a multicast, which waits in FLUSH; A completes
+// the flush. Nothing may hang and every message is delivered.
+func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		a := l.start(1)[0]
+		var aBlocked, served atomic.Bool
+		a.r.OnMsg = func(m *stack.Message) {
+			if string(m.Payload) == "STATE_REQ" {
+				aBlocked.Store(a.f.Blocked())
+				served.Store(true)
+				_ = a.Ch.Send(context.Background(), stack.NewMessage(stack.Address{}, []byte("STATE_RSP")))
+			}
+		}
+		b := l.add()
+		bRecv := b.r
+		var asked sync.Once
+		var sendErr error
+		bRecv.OnMsg = nil
+		b.Ch.SetReceiver(&viewHook{receiver: bRecv, onView: func(v *stack.View) {
+			if v.Size() == 2 {
+				asked.Do(func() { sendErr = b.Ch.SendTo(context.Background(), a.Addr(), []byte("STATE_REQ")) })
+			}
+		}})
+		// The request reaches A while A still waits for B's view ack (lost
+		// until A has served the request), that is, inside the join's flush.
+		var dropped atomic.Bool
+		l.Net.SetLink(b.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			if ok && h.Kind() == "VIEW_ACK" && !served.Load() {
+				dropped.Store(true)
+				return true
+			}
+			return false
+		}})
+		start := time.Now()
+		l.ConnectAll(b.Member)
+		stacktest.WaitFor(t, time.Minute, func() bool { return hasPayload(b.Col, "STATE_RSP") && hasPayload(a.Col, "STATE_RSP") }, "the answer arrives")
+		require.Less(t, time.Since(start), flush.DefaultConfig().Timeout, "no wait for FLUSH's safety timeout")
+		require.False(t, anyBlocked([]*member{a, b}))
+		require.Zero(t, stacktest.Stat(t, a.f, "safety_unblocks")+stacktest.Stat(t, b.f, "safety_unblocks"))
+		require.NoError(t, sendErr)
+		require.True(t, aBlocked.Load(), "A was still blocked in the join's flush when B's request came")
+		require.True(t, dropped.Load())
+	})
+}
+
+type viewHook struct {
+	*receiver
+	onView func(v *stack.View)
+}
+
+func (h *viewHook) ViewAccepted(v *stack.View) {
+	h.receiver.ViewAccepted(v)
+	h.onView(v)
+}
+
+func hasPayload(c *stacktest.Collector, p string) bool {
+	for _, m := range c.Messages() {
+		if string(m.Payload) == p {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSeedHang2UnicastAheadOfStopFlush is the second hang: A and B; B
+// calls GetState; the last thing B does before GetState stops the flush is
+// send A a unicast, which A receives before the STOP_FLUSH; A's callback
+// multicasts and blocks until the flush stops. With STOP_FLUSH on the
+// internal lane nothing hangs.
+func TestSeedHang2UnicastAheadOfStopFlush(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		var a, b *member
+		l.state = func(i int) stack.StateHandler {
+			return stateFuncs{
+				get: func(w io.Writer) error { _, err := w.Write([]byte("the state")); return err },
+				set: func(r io.Reader) error {
+					buf := make([]byte, 64)
+					n, _ := r.Read(buf)
+					require.Equal(t, "the state", string(buf[:n]))
+					// Just before GetState sends STOP_FLUSH.
+					return b.Ch.SendTo(context.Background(), a.Addr(), []byte("PING"))
+				},
+			}
+		}
+		ms := l.start(2)
+		a, b = ms[0], ms[1]
+		// The unicast overtakes the STOP_FLUSH: its first copy is lost, and
+		// UNICAST2 sends it again a little later.
+		var dropped atomic.Bool
+		l.Net.SetLink(b.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDFLUSH).(*flush.Header)
+			return ok && h.Kind() == "STOP_FLUSH" && dropped.CompareAndSwap(false, true)
+		}})
+		var blockedAtPing atomic.Bool
+		if regular, _ := strconv.ParseBool(os.Getenv("STRATA_FLUSH_REGULAR_STOP")); regular {
+			a.f.SetRegularStopForTest(true)
+			b.f.SetRegularStopForTest(true)
+		}
+		a.r.OnMsg = func(m *stack.Message) {
+			if string(m.Payload) == "PING" {
+				blockedAtPing.Store(a.f.Blocked())
+				_ = a.Ch.Send(context.Background(), stack.NewMessage(stack.Address{}, []byte("PONG")))
+			}
+		}
+		start := time.Now()
+		require.NoError(t, b.Ch.GetState(t.Context(), a.Addr()))
+		require.False(t, anyBlocked(ms), "GetState returns into an unblocked group")
+		stacktest.WaitFor(t, time.Minute, func() bool { return hasPayload(b.Col, "PONG") }, "A's answer arrives")
+		require.Less(t, time.Since(start), flush.DefaultConfig().Timeout, "no wait for FLUSH's safety timeout")
+		require.Zero(t, stacktest.Stat(t, a.f, "safety_unblocks"))
+		require.True(t, blockedAtPing.Load(), "the unicast reached A before the STOP_FLUSH, while A was blocked")
+		require.True(t, dropped.Load())
+	})
+}
+
+type stateFuncs struct {
+	get func(w io.Writer) error
+	set func(r io.Reader) error
+}
+
+func (s stateFuncs) GetState(w io.Writer) error { return s.get(w) }
+func (s stateFuncs) SetState(r io.Reader) error  { return s.set(r) }
+

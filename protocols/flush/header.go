@@ -1,0 +1,130 @@
+package flush
+
+import (
+	"fmt"
+
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/stack"
+)
+
+// Message types.
+const (
+	typeStart        uint8 = 1 // initiator -> participant: block, answer with your digest
+	typeCompleted    uint8 = 2 // participant -> initiator: blocked; here is my digest
+	typeNotCompleted uint8 = 3 // participant -> initiator: I am in another round (collision)
+	typeReconcile    uint8 = 4 // initiator -> participant: deliver everything up to this digest
+	typeReconcileOK  uint8 = 5 // participant -> initiator: done
+	typeStop         uint8 = 6 // initiator -> participant (and joiners): unblock
+	typeUnblocked    uint8 = 7 // participant -> initiator: unblocked (the stop is synchronous)
+	typeAbort        uint8 = 8 // initiator -> participant: the round is off; unblock
+	maxType                = typeAbort
+)
+
+var typeNames = [...]string{"?", "START_FLUSH", "FLUSH_COMPLETED", "FLUSH_NOT_COMPLETED", "FLUSH_RECONCILE", "FLUSH_RECONCILE_OK", "STOP_FLUSH", "UNBLOCKED", "ABORT_FLUSH"}
+
+// RoundID names one flush round: its initiator and the initiator's counter.
+// Rounds of one initiator are ordered by N.
+type RoundID struct {
+	Initiator stack.Address
+	N         uint64
+}
+
+func (r RoundID) String() string { return fmt.Sprintf("%s#%d", r.Initiator, r.N) }
+
+// maxParticipants bounds a START_FLUSH's participant list on the wire.
+const maxParticipants = 1 << 16
+
+// Header is a FLUSH message.
+type Header struct {
+	Type         uint8
+	Round        RoundID
+	ViewChange   bool            // START: GMS's flush before a view change
+	Participants []stack.Address // START
+	Digest       nakack.Digest   // COMPLETED, RECONCILE
+}
+
+// Kind names the message type ("STOP_FLUSH", ...).
+func (h *Header) Kind() string {
+	if int(h.Type) < len(typeNames) {
+		return typeNames[h.Type]
+	}
+	return "?"
+}
+
+func (h *Header) String() string { return fmt.Sprintf("%s %s", h.Kind(), h.Round) }
+
+func hasDigest(t uint8) bool { return t == typeCompleted || t == typeReconcile }
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	n := 1 + stack.AddressSize + stack.UvarintSize(h.Round.N)
+	switch {
+	case h.Type == typeStart:
+		n += 1 + stack.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
+	case hasDigest(h.Type):
+		n += nakack.DigestSize(h.Digest)
+	}
+	return n
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = append(b, h.Type)
+	b = stack.AppendAddress(b, h.Round.Initiator)
+	b = stack.AppendUvarint(b, h.Round.N)
+	switch {
+	case h.Type == typeStart:
+		b = stack.AppendBool(b, h.ViewChange)
+		b = stack.AppendUvarint(b, uint64(len(h.Participants)))
+		for _, p := range h.Participants {
+			b = stack.AppendAddress(b, p)
+		}
+	case hasDigest(h.Type):
+		b = nakack.AppendDigest(b, h.Digest)
+	}
+	return b
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: r.Uint8()}
+	if r.Err() == nil && (h.Type == 0 || h.Type > maxType) {
+		r.Fail("FLUSH message type %d", h.Type)
+	}
+	h.Round = RoundID{Initiator: r.Address(), N: r.Uvarint()}
+	switch {
+	case h.Type == typeStart:
+		h.ViewChange = r.Bool()
+		n := r.Uvarint()
+		if n > maxParticipants || n*stack.AddressSize > uint64(r.Len()) {
+			r.Fail("FLUSH participant count %d", n)
+			break
+		}
+		h.Participants = make([]stack.Address, n)
+		for i := range h.Participants {
+			h.Participants[i] = r.Address()
+		}
+	case hasDigest(h.Type):
+		h.Digest = nakack.ReadDigest(r)
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func sampleHeaders() []stack.Header {
+	a, b := stack.NewAddress(), stack.NewAddress()
+	r := RoundID{Initiator: a, N: 3}
+	d := nakack.Digest{{Member: a, HighestDelivered: 4, HighestReceived: 6}, {Member: b}}
+	return []stack.Header{
+		&Header{Type: typeStart, Round: r, ViewChange: true, Participants: []stack.Address{a, b}},
+		&Header{Type: typeStart, Round: r, Participants: []stack.Address{}},
+		&Header{Type: typeCompleted, Round: r, Digest: d},
+		&Header{Type: typeNotCompleted, Round: r},
+		&Header{Type: typeReconcile, Round: r, Digest: d},
+		&Header{Type: typeReconcileOK, Round: r},
+		&Header{Type: typeStop, Round: r},
+		&Header{Type: typeUnblocked, Round: r},
+		&Header{Type: typeAbort, Round: r},
+	}
+}
