@@ -105,8 +105,8 @@ type stateful struct {
 	h stack.StateHandler
 }
 
-func (s *stateful) GetState(w io.Writer) error { return s.h.GetState(w) }
-func (s *stateful) SetState(rd io.Reader) error  { return s.h.SetState(rd) }
+func (s *stateful) GetState(w io.Writer) error  { return s.h.GetState(w) }
+func (s *stateful) SetState(rd io.Reader) error { return s.h.SetState(rd) }
 
 func (l *lab) wrap(m *grouptest.Member) *member {
 	return &member{Member: m, r: l.recv[len(l.recv)-1], st: m.Top[0].(*statetransfer.StateTransfer), f: m.Top[1].(*flush.FLUSH)}
@@ -312,5 +312,4 @@ type stateFuncs struct {
 }
 
 func (s stateFuncs) GetState(w io.Writer) error { return s.get(w) }
-func (s stateFuncs) SetState(r io.Reader) error  { return s.set(r) }
-
+func (s stateFuncs) SetState(r io.Reader) error { return s.set(r) }
