@@ -124,7 +124,8 @@ const (
 	EvKnownMembers
 	// EvReconcile (down): wait until this member has delivered, from every
 	// listed sender, everything up to the given highest received seqno
-	// (fetching what it lacks). Arg: the reliable-multicast digest type.
+	// (fetching what it lacks). Arg: the reliable-multicast digest type, or
+	// its Reconcile (a digest and, per sender, a member to fetch from).
 	EvReconcile
 	// EvProvideState (up, to the channel): write the application's state.
 	// Arg: io.Writer. Returns the StateHandler's error.

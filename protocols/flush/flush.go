@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -197,8 +198,10 @@ func (f *FLUSH) block() {
 		_, _ = f.PassUpEvent(stack.Ev(stack.EvBlock, nil))
 	}
 	f.gate.Close()
+	// Taking the write lock waits for every sender already past the gate.
 	f.inflight.Lock()
-	f.inflight.Unlock() //nolint:staticcheck // an empty critical section: waits for the senders inside
+	//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
+	f.inflight.Unlock()
 }
 
 // unblock opens the gate and calls Receiver.Unblock if Block was called.
@@ -208,18 +211,23 @@ func (f *FLUSH) unblock() {
 	call := f.blockCalled
 	f.blockCalled = false
 	f.cur = nil
+	var joined chan struct{}
 	if f.joining {
-		f.joining = false
-		close(f.joinDone)
+		f.joining, joined = false, f.joinDone
 	}
 	if !f.since.IsZero() {
 		f.blockedNanos.Add(int64(time.Since(f.since)))
 		f.since = time.Time{}
 	}
 	f.mu.Unlock()
+	// A view-change round's hold on senders outside it ends here.
+	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
 	f.gate.Open()
 	if call {
 		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnblock, nil))
+	}
+	if joined != nil {
+		close(joined) // the joiner's Connect returns into an open gate
 	}
 }
 
@@ -345,7 +353,7 @@ func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 	case cur == nil:
 	case cur.id == h.Round:
 		f.mu.Unlock()
-		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest()})
+		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
 		return
 	case supersedes(h, cur):
 		old = cur
@@ -354,14 +362,15 @@ func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 		f.send(src, &Header{Type: typeNotCompleted, Round: h.Round})
 		return
 	}
-	f.cur = &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
+	cur := &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
+	f.cur = cur
 	f.mu.Unlock()
 	if old != nil {
 		f.superseded.Add(1)
 		f.send(old.id.Initiator, &Header{Type: typeNotCompleted, Round: old.id})
 	}
 	f.block()
-	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest()})
+	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
 }
 
 func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
@@ -381,7 +390,7 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 			case <-ctx.Done():
 			}
 		}()
-		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, h.Digest)); err != nil {
+		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, nakack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
 			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
 			return
 		}
@@ -419,8 +428,14 @@ func (f *FLUSH) answer(src stack.Address, h *Header) {
 	ir.kick()
 }
 
-func (f *FLUSH) digest() nakack.Digest {
-	v, err := f.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+// digest returns this member's digest for the round; before a view change
+// it also holds the senders that do not take part (see nakack.Hold).
+func (f *FLUSH) digest(r *partRound) nakack.Digest {
+	var arg any
+	if r != nil && r.vc && len(r.parts) > 0 {
+		arg = nakack.Hold{Participants: r.parts}
+	}
+	v, err := f.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, arg))
 	if err != nil {
 		return nil
 	}
@@ -449,6 +464,24 @@ func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
 		}
 		if attempt >= f.cfg.MaxAttempts || ctx.Err() != nil {
 			break
+		}
+		// Before a view change, a participant that does not answer (it
+		// crashed, or left while the round ran) must not stop the others
+		// from agreeing on what they delivered: go on without it at once.
+		var na *noAnswer
+		if req.ViewChange && errors.As(err, &na) {
+			if req.Participants == nil {
+				f.mu.Lock()
+				if f.view != nil {
+					req.Participants = f.view.Members
+				}
+				f.mu.Unlock()
+			}
+			req.Participants = slices.DeleteFunc(slices.Clone(req.Participants), func(a stack.Address) bool {
+				return a != f.LocalAddress() && slices.Contains(na.missing, a)
+			})
+			f.Log().Info("flush: going on without the participants that did not answer", "missing", na.missing)
+			continue
 		}
 		backoff := f.cfg.RetryTimeout/2 + rand.N(f.cfg.RetryTimeout/2+1)
 		t := time.NewTimer(backoff)
@@ -487,11 +520,11 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
 	err := f.await(ctx, ir, f.cfg.StartTimeout, func(p stack.Address) { f.send(p, start) })
 	if err == nil {
 		// Every participant fetches and delivers what anyone received.
-		target := maxDigest(ir.answered)
 		f.mu.Lock()
+		target := maxDigest(ir.answered) // late duplicate answers still write to it
 		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]nakack.Digest{}
 		f.mu.Unlock()
-		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target}
+		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target.Target, From: target.From}
 		for _, p := range ir.parts {
 			f.send(p, rec)
 		}
@@ -508,24 +541,55 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
 	return err
 }
 
-// maxDigest takes, per sender, the highest seqno any participant received.
-func maxDigest(ds map[stack.Address]nakack.Digest) nakack.Digest {
-	best := map[stack.Address]nakack.DigestEntry{}
-	for _, d := range ds {
+// maxDigest is what every participant must deliver before the round ends,
+// and per sender a participant that holds those messages. For a sender that
+// takes part, the highest seqno anyone received, held by the sender itself.
+// For a sender that does not (it crashed or was excluded), the highest seqno
+// any participant delivered, held by that participant; a message received
+// beyond a gap nobody can fill is delivered by no one in the view.
+func maxDigest(ds map[stack.Address]nakack.Digest) nakack.Reconcile {
+	type best struct {
+		hi   uint64
+		from stack.Address
+	}
+	bs := map[stack.Address]best{}
+	for p, d := range ds {
 		for _, e := range d {
-			b, ok := best[e.Member]
-			hi := max(e.HighestReceived, e.HighestDelivered)
-			if !ok || hi > b.HighestReceived {
-				best[e.Member] = nakack.DigestEntry{Member: e.Member, HighestDelivered: hi, HighestReceived: hi}
+			b := best{hi: e.HighestDelivered, from: p}
+			if _, ok := ds[e.Member]; ok {
+				b = best{hi: max(e.HighestDelivered, e.HighestReceived), from: e.Member}
+			}
+			cur, ok := bs[e.Member]
+			switch {
+			case !ok:
+				bs[e.Member] = b
+			case b.from == e.Member: // the sender itself holds them all
+				bs[e.Member] = best{hi: max(b.hi, cur.hi), from: e.Member}
+			case b.hi > cur.hi || b.hi == cur.hi && b.from.Compare(cur.from) < 0:
+				bs[e.Member] = b
 			}
 		}
 	}
-	out := make(nakack.Digest, 0, len(best))
-	for _, e := range best {
-		out = append(out, e)
+	members := slices.SortedFunc(maps.Keys(bs), stack.Address.Compare)
+	rc := nakack.Reconcile{Target: make(nakack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
+	for _, a := range members {
+		b := bs[a]
+		rc.Target = append(rc.Target, nakack.DigestEntry{Member: a, HighestDelivered: b.hi, HighestReceived: b.hi})
+		rc.From = append(rc.From, b.from)
 	}
-	slices.SortFunc(out, func(a, b nakack.DigestEntry) int { return a.Member.Compare(b.Member) })
-	return out
+	return rc
+}
+
+// noAnswer is await's error when participants did not answer in time.
+type noAnswer struct {
+	round   RoundID
+	phase   uint8
+	missing []stack.Address
+	timeout time.Duration
+}
+
+func (e *noAnswer) Error() string {
+	return fmt.Sprintf("round %s: no %s from %v within %s", e.round, typeNames[e.phase], e.missing, e.timeout)
 }
 
 // await waits until every participant still in the view has answered the
@@ -563,7 +627,7 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 			}
 		case <-t.C:
 			f.Log().Warn("flush: participants did not answer in time", "round", ir.id, "awaiting", typeNames[phase], "missing", missing, "timeout", timeout)
-			return fmt.Errorf("round %s: no %s from %v within %s", ir.id, typeNames[phase], missing, timeout)
+			return &noAnswer{round: ir.id, phase: phase, missing: missing, timeout: timeout}
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-f.Done():

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,3 +314,102 @@ type stateFuncs struct {
 
 func (s stateFuncs) GetState(w io.Writer) error { return s.get(w) }
 func (s stateFuncs) SetState(r io.Reader) error { return s.set(r) }
+
+// where says in which view r delivered message k, if it did.
+func where(r *receiver, k string) string {
+	for v, set := range r.inView {
+		if set[k] {
+			return "delivered it in " + v.String()
+		}
+	}
+	return "never delivered it"
+}
+
+// TestVirtualSynchronyUnderFaults: members multicast continuously over 10%
+// loss while one crashes, one joins and one leaves. Every two members that
+// move from a view to the same next view have delivered the same messages
+// in it.
+func TestVirtualSynchronyUnderFaults(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		l.Net.SetDefault(sim.Rule{Drop: 0.1})
+		ms := l.start(4)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		var sent atomic.Int64
+		send := func(idx int, m *member) {
+			wg.Go(func() {
+				for seq := 0; ctx.Err() == nil; seq++ {
+					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(idx, seq, 16))); err != nil {
+						return
+					}
+					sent.Add(1)
+					time.Sleep(20 * time.Millisecond)
+				}
+			})
+		}
+		for i, m := range ms {
+			send(i, m)
+		}
+		same := func(ms ...*member) func() bool {
+			return func() bool {
+				var gs []*grouptest.Member
+				for _, m := range ms {
+					gs = append(gs, m.Member)
+				}
+				return grouptest.SameView(gs...)
+			}
+		}
+		time.Sleep(3 * time.Second)
+		l.Net.Cut(ms[2].Addr())
+		stacktest.WaitFor(t, time.Minute, same(ms[0], ms[1], ms[3]), "the crashed member is excluded")
+		time.Sleep(2 * time.Second)
+		e := l.add()
+		l.ConnectAll(e.Member)
+		send(4, e)
+		stacktest.WaitFor(t, time.Minute, same(ms[0], ms[1], ms[3], e), "the joiner is in")
+		time.Sleep(2 * time.Second)
+		require.NoError(t, ms[1].Ch.Disconnect(context.Background()))
+		stacktest.WaitFor(t, time.Minute, same(ms[0], ms[3], e), "the leaver is out")
+		time.Sleep(2 * time.Second)
+		cancel()
+		wg.Wait()
+
+		all := append(ms, e)
+		pairs := 0
+		var problems []string
+		for i, p := range all {
+			for _, q := range all[i+1:] {
+				p.r.mu.Lock()
+				q.r.mu.Lock()
+				for v, next := range p.r.next {
+					if q.r.next[v] != next {
+						continue
+					}
+					pairs++
+					for k := range p.r.inView[v] {
+						if !q.r.inView[v][k] {
+							problems = append(problems, fmt.Sprintf("%s delivered %s in %s before %s, %s did not (%s)", p.Ch.Name(), k, v, next, q.Ch.Name(), where(q.r, k)))
+						}
+					}
+					for k := range q.r.inView[v] {
+						if !p.r.inView[v][k] {
+							problems = append(problems, fmt.Sprintf("%s delivered %s in %s before %s, %s did not (%s)", q.Ch.Name(), k, v, next, p.Ch.Name(), where(p.r, k)))
+						}
+					}
+				}
+				q.r.mu.Unlock()
+				p.r.mu.Unlock()
+			}
+		}
+		if len(problems) > 0 {
+			for _, m := range all {
+				t.Logf("views of %s: %v", m.Ch.Name(), m.Col.Views())
+			}
+			t.Fatalf("%d messages break virtual synchrony, the first: %s", len(problems), strings.Join(problems[:min(len(problems), 20)], "\n"))
+		}
+		require.Positive(t, pairs, "some members moved through the same views")
+		require.Positive(t, sent.Load())
+	})
+}

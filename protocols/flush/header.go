@@ -41,6 +41,7 @@ type Header struct {
 	ViewChange   bool            // START: GMS's flush before a view change
 	Participants []stack.Address // START
 	Digest       nakack.Digest   // COMPLETED, RECONCILE
+	From         []stack.Address // RECONCILE: per digest entry, a member that holds its messages
 }
 
 // Kind names the message type ("STOP_FLUSH", ...).
@@ -63,6 +64,9 @@ func (h *Header) Size() int {
 		n += 1 + stack.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
 	case hasDigest(h.Type):
 		n += nakack.DigestSize(h.Digest)
+		if h.Type == typeReconcile {
+			n += stack.UvarintSize(uint64(len(h.From))) + len(h.From)*stack.AddressSize
+		}
 	}
 	return n
 }
@@ -81,6 +85,12 @@ func (h *Header) AppendTo(b []byte) []byte {
 		}
 	case hasDigest(h.Type):
 		b = nakack.AppendDigest(b, h.Digest)
+		if h.Type == typeReconcile {
+			b = stack.AppendUvarint(b, uint64(len(h.From)))
+			for _, a := range h.From {
+				b = stack.AppendAddress(b, a)
+			}
+		}
 	}
 	return b
 }
@@ -105,6 +115,18 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		}
 	case hasDigest(h.Type):
 		h.Digest = nakack.ReadDigest(r)
+		if h.Type != typeReconcile || r.Err() != nil {
+			break
+		}
+		n := r.Uvarint()
+		if n > uint64(len(h.Digest)) || n*stack.AddressSize > uint64(r.Len()) {
+			r.Fail("FLUSH holder count %d for %d digest entries", n, len(h.Digest))
+			break
+		}
+		h.From = make([]stack.Address, n)
+		for i := range h.From {
+			h.From[i] = r.Address()
+		}
 	}
 	if err := r.Err(); err != nil {
 		return nil, err
@@ -121,7 +143,7 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeStart, Round: r, Participants: []stack.Address{}},
 		&Header{Type: typeCompleted, Round: r, Digest: d},
 		&Header{Type: typeNotCompleted, Round: r},
-		&Header{Type: typeReconcile, Round: r, Digest: d},
+		&Header{Type: typeReconcile, Round: r, Digest: d, From: []stack.Address{a, b}},
 		&Header{Type: typeReconcileOK, Round: r},
 		&Header{Type: typeStop, Round: r},
 		&Header{Type: typeUnblocked, Round: r},

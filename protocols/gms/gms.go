@@ -380,8 +380,12 @@ func (g *GMS) process(reqs []request) {
 	for a := range g.suspects {
 		gone[a] = true
 	}
+	var leaving []stack.Address // graceful leavers, not crashed ones
 	for _, r := range leavers {
 		gone[r.addr] = true
+		if !g.suspects[r.addr] && v.Contains(r.addr) {
+			leaving = append(leaving, r.addr)
+		}
 	}
 	var members []stack.Address
 	for _, m := range v.Members {
@@ -405,7 +409,7 @@ func (g *GMS) process(reqs []request) {
 
 	if len(members) != len(v.Members) || len(newJoiners) > 0 {
 		nv := stack.NewView(self, v.ID.Seq+1, members...)
-		g.cast(nv, newJoiners)
+		g.cast(nv, newJoiners, leaving)
 	}
 	if len(rejoiners) > 0 {
 		// Already members (the coordinator that took them in crashed before
@@ -429,18 +433,20 @@ func (g *GMS) process(reqs []request) {
 
 // cast installs nv here (unless this coordinator is leaving it), multicasts
 // it, answers the joiners, and waits for every member's acknowledgement.
-func (g *GMS) cast(nv *stack.View, joiners []stack.Address) {
+// Graceful leavers take part in the flush before the view that drops them.
+func (g *GMS) cast(nv *stack.View, joiners, leaving []stack.Address) {
 	self := g.LocalAddress()
 	// With FLUSH above, the members that stay block and deliver the same
 	// messages before the view changes (without it the event reaches the
-	// channel, which ignores it).
-	var survivors []stack.Address
+	// channel, which ignores it). A leaver blocks too, so that what it sent
+	// in this view reaches all or none of those that stay.
+	var parts []stack.Address
 	for _, m := range g.View().Members {
-		if nv.Contains(m) {
-			survivors = append(survivors, m)
+		if nv.Contains(m) || slices.Contains(leaving, m) {
+			parts = append(parts, m)
 		}
 	}
-	if _, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: survivors, ViewChange: true})); err != nil {
+	if _, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true})); err != nil {
 		g.flushFailures.Add(1)
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
 	}

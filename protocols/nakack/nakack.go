@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,11 @@ type table struct {
 	xmit        stack.Pacer
 	asks        int    // requests since hd last moved
 	askedAt     uint64 // hd at the last request
+	// held: a flush before a view change holds this sender (one that does
+	// not take part in it) at limit, so that no member delivers more of its
+	// messages than the round agreed on. Cleared when the flush ends.
+	held  bool
+	limit uint64
 }
 
 // maxXmitBytes caps the payload one retransmission request is answered
@@ -291,32 +297,134 @@ func (n *NAKACK) signalLocked() {
 	}
 }
 
+// Reconcile is the argument of EvReconcile: deliver, from each sender in
+// Target, everything up to its entry's highest seqno. From[i], when set, is
+// a member known to hold Target[i]'s messages; it is asked directly, every
+// xmit_interval and without backoff, because the sender may be gone. A
+// sender held by Hold is let go up to its target and no further. An empty
+// Reconcile releases every hold (the flush ended without a view change).
+type Reconcile struct {
+	Target Digest
+	From   []stack.Address
+}
+
+// Hold is the argument of EvGetDigest in a flush before a view change:
+// return the digest, and hold every sender not in Participants at what has
+// been delivered from it, so that what this member reports stays true
+// while the round runs. An empty Reconcile, when the flush ends, ends the
+// hold.
+type Hold struct {
+	Participants []stack.Address
+}
+
+// hold implements Hold; see there.
+func (n *NAKACK) hold(h Hold) Digest {
+	n.mu.Lock()
+	for src, t := range n.tables {
+		if !slices.Contains(h.Participants, src) && !t.held {
+			t.held, t.limit = true, t.hd
+		}
+	}
+	n.mu.Unlock()
+	return n.Digest()
+}
+
+// release ends every hold.
+func (n *NAKACK) release() {
+	var resume []stack.Address
+	n.mu.Lock()
+	for src, t := range n.tables {
+		if t.held {
+			t.held = false
+			resume = append(resume, src)
+		}
+	}
+	n.mu.Unlock()
+	for _, src := range resume {
+		n.deliverFrom(src)
+	}
+}
+
 // WaitDelivered returns once this member has delivered (and the layers
 // above have taken) every message of each listed sender up to the entry's
 // highest received seqno, fetching the ones it lacks; or with ctx's error.
 // Senders it has no table for are skipped. FLUSH uses it to make every
 // member deliver the same messages before a view change.
 func (n *NAKACK) WaitDelivered(ctx context.Context, target Digest) error {
+	return n.reconcile(ctx, Reconcile{Target: target})
+}
+
+func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
+	if len(rc.Target) == 0 {
+		n.release()
+		return nil
+	}
+	self := n.LocalAddress()
+	var lifted []stack.Address
+	n.mu.Lock()
+	for _, e := range rc.Target {
+		if t := n.tables[e.Member]; t != nil && t.held && e.HighestDelivered > t.limit {
+			t.limit = e.HighestDelivered
+			lifted = append(lifted, e.Member)
+		}
+	}
+	n.mu.Unlock()
+	for _, src := range lifted {
+		n.deliverFrom(src)
+	}
+	tick := time.NewTicker(n.cfg.XmitInterval)
+	defer tick.Stop()
+	ask := true
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for {
 		ready := true
-		for _, e := range target {
+		var reqs []struct {
+			to stack.Address
+			h  *Header
+		}
+		for i, e := range rc.Target {
 			t := n.tables[e.Member]
 			if t == nil {
 				continue
 			}
 			goal := max(e.HighestReceived, e.HighestDelivered)
-			if goal > t.hr && e.Member != n.LocalAddress() {
+			if goal > t.hr && e.Member != self {
 				t.hr = goal // the retransmission task asks for the gap
 			}
 			if t.hd < goal || t.removing {
 				ready = false
 			}
+			if !ask || i >= len(rc.From) || rc.From[i] == self || rc.From[i].IsZero() || t.hd >= goal {
+				continue
+			}
+			var missing []uint64
+			for s := t.hd + 1; s <= goal && len(missing) < n.cfg.MaxXmitReq; s++ {
+				if t.msgs[s] == nil {
+					missing = append(missing, s)
+				}
+			}
+			if len(missing) > 0 {
+				reqs = append(reqs, struct {
+					to stack.Address
+					h  *Header
+				}{rc.From[i], &Header{Type: typeXmitReq, Sender: e.Member, Missing: missing}})
+			}
 		}
 		if ready {
 			return nil
 		}
+		if len(reqs) > 0 {
+			n.mu.Unlock()
+			for _, r := range reqs {
+				n.st.xmitReqSent.Add(1)
+				n.control(r.to, r.h)
+			}
+			n.mu.Lock()
+			ask = false
+			continue // re-check: answers may have come in meanwhile
+		}
+		ask = false
 		if n.progress == nil {
 			n.progress = make(chan struct{})
 		}
@@ -326,6 +434,8 @@ func (n *NAKACK) WaitDelivered(ctx context.Context, target Digest) error {
 		var err error
 		select {
 		case <-ch:
+		case <-tick.C:
+			ask = true
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-n.Done():
@@ -334,7 +444,13 @@ func (n *NAKACK) WaitDelivered(ctx context.Context, target Digest) error {
 		n.mu.Lock()
 		n.waiting--
 		if err != nil {
-			return err
+			var behind []string
+			for _, e := range rc.Target {
+				if t := n.tables[e.Member]; t != nil && t.hd < e.HighestDelivered {
+					behind = append(behind, fmt.Sprintf("%s at %d of %d", e.Member, t.hd, e.HighestDelivered))
+				}
+			}
+			return fmt.Errorf("%w (behind: %s)", err, strings.Join(behind, ", "))
 		}
 	}
 }
@@ -369,7 +485,7 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		var msgs []*stack.Message
 		for {
 			e := t.msgs[t.hd+1]
-			if e == nil || (src == self && !e.arrived && !e.delivered) {
+			if e == nil || (src == self && !e.arrived && !e.delivered) || t.held && t.hd >= t.limit {
 				break
 			}
 			t.hd++
@@ -511,6 +627,9 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			n.viewChange(v)
 		}
 	case stack.EvGetDigest:
+		if h, ok := ev.Arg.(Hold); ok {
+			return n.hold(h), nil
+		}
 		return n.Digest(), nil
 	case stack.EvSetDigest:
 		d, ok := ev.Arg.(Digest)
@@ -527,11 +646,13 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		n.stable(d)
 		return nil, nil
 	case stack.EvReconcile:
-		d, ok := ev.Arg.(Digest)
-		if !ok {
-			return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
+		switch a := ev.Arg.(type) {
+		case Digest:
+			return nil, n.WaitDelivered(ctx, a)
+		case Reconcile:
+			return nil, n.reconcile(ctx, a)
 		}
-		return nil, n.WaitDelivered(ctx, d)
+		return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
 	}
 	return n.PassDownEvent(ctx, ev)
 }
@@ -540,6 +661,9 @@ func (n *NAKACK) viewChange(v *stack.View) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.view = v
+	// A flush's hold on a sender that stays stays until the flush ends
+	// (an empty Reconcile): released here, its messages would reach the
+	// application before the view that they were delivered in.
 	for a := range n.tables {
 		if !v.Contains(a) && a != n.LocalAddress() {
 			delete(n.tables, a)
