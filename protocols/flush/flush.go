@@ -117,10 +117,13 @@ type FLUSH struct {
 	pmu      sync.Mutex   // participant transitions, one at a time
 	owner    chan struct{}
 
-	mu          sync.Mutex
-	view        *stack.View
-	cur         *partRound // round this member is blocked for
-	joining     bool       // blocked since Connect, until the flush that installs the view stops
+	mu   sync.Mutex
+	view *stack.View
+	cur  *partRound // round this member is blocked for
+	// stopWait: a STOP_FLUSH that came before the view its round installed;
+	// it takes effect when that view is delivered.
+	stopWait    *stopWait
+	joining     bool // blocked since Connect, until the flush that installs the view stops
 	joinDone    chan struct{}
 	since       time.Time // blocked since
 	blockCalled bool
@@ -129,7 +132,7 @@ type FLUSH struct {
 	run         *initRound // round this member initiated and has not stopped
 	regularStop bool       // test hook: STOP_FLUSH as a regular message
 
-	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, blockedNanos atomic.Int64
+	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos atomic.Int64
 }
 
 var _ stack.Protocol = (*FLUSH)(nil)
@@ -210,7 +213,7 @@ func (f *FLUSH) unblock() {
 	f.mu.Lock()
 	call := f.blockCalled
 	f.blockCalled = false
-	f.cur = nil
+	f.cur, f.stopWait = nil, nil
 	var joined chan struct{}
 	if f.joining {
 		f.joining, joined = false, f.joinDone
@@ -398,6 +401,11 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 	})
 }
 
+type stopWait struct {
+	src stack.Address
+	h   *Header
+}
+
 func (f *FLUSH) handleStop(src stack.Address, h *Header) {
 	if src != h.Round.Initiator {
 		return
@@ -409,6 +417,17 @@ func (f *FLUSH) handleStop(src stack.Address, h *Header) {
 	}
 	mine := f.cur != nil && f.cur.id == h.Round
 	joiner := f.cur == nil && f.joining
+	if (mine || joiner) && h.Type == typeStop && h.View.Seq > 0 && (f.view == nil || f.view.ID.Seq < h.View.Seq) {
+		// The view this round installed has not reached this member yet
+		// (its copy was lost): unblocked now, it would send in the old view
+		// what the others deliver in the new one. It unblocks when the view
+		// comes (the safety valve bounds the wait).
+		f.stopWait = &stopWait{src: src, h: h}
+		f.mu.Unlock()
+		f.pmu.Unlock()
+		f.stopsDeferred.Add(1)
+		return
+	}
 	f.mu.Unlock()
 	if mine || joiner {
 		f.unblock()
@@ -685,8 +704,11 @@ func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address
 			ir.answered[p] = nil
 		}
 	}
-	f.mu.Unlock()
 	stop := &Header{Type: typeStop, Round: ir.id}
+	if ir.vc && f.view != nil && f.view.Contains(f.LocalAddress()) {
+		stop.View = f.view.ID // unblock in this view, not before it
+	}
+	f.mu.Unlock()
 	for _, p := range to {
 		f.send(p, stop)
 	}
@@ -730,6 +752,18 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 	case stack.EvStopFlush:
 		req, _ := ev.Arg.(stack.FlushRequest)
 		return nil, f.StopFlush(context.Background(), req.Participants)
+	case stack.EvViewChange:
+		// After the application has the view: a STOP_FLUSH that waited
+		// for it takes effect.
+		res, err := f.PassUpEvent(ev)
+		f.mu.Lock()
+		sw := f.stopWait
+		ready := sw != nil && f.view != nil && f.view.ID.Seq >= sw.h.View.Seq
+		f.mu.Unlock()
+		if ready {
+			f.handleStop(sw.src, sw.h)
+		}
+		return res, err
 	}
 	return f.PassUpEvent(ev)
 }
@@ -808,6 +842,7 @@ func (f *FLUSH) Stats() []stack.Stat {
 		{Name: "refusals_received", Value: f.refusals.Load()},
 		{Name: "rounds_superseded", Value: f.superseded.Load()},
 		{Name: "late_starts_ignored", Value: f.lateStarts.Load()},
+		{Name: "stops_deferred_to_view", Value: f.stopsDeferred.Load()},
 		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
 	}
 }

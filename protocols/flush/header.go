@@ -42,6 +42,7 @@ type Header struct {
 	Participants []stack.Address // START
 	Digest       nakack.Digest   // COMPLETED, RECONCILE
 	From         []stack.Address // RECONCILE: per digest entry, a member that holds its messages
+	View         stack.ViewID    // STOP after a view change: unblock once in this view (Seq 0: at once)
 }
 
 // Kind names the message type ("STOP_FLUSH", ...).
@@ -62,6 +63,8 @@ func (h *Header) Size() int {
 	switch {
 	case h.Type == typeStart:
 		n += 1 + stack.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
+	case h.Type == typeStop:
+		n += stack.AddressSize + stack.UvarintSize(h.View.Seq)
 	case hasDigest(h.Type):
 		n += nakack.DigestSize(h.Digest)
 		if h.Type == typeReconcile {
@@ -83,6 +86,9 @@ func (h *Header) AppendTo(b []byte) []byte {
 		for _, p := range h.Participants {
 			b = stack.AppendAddress(b, p)
 		}
+	case h.Type == typeStop:
+		b = stack.AppendAddress(b, h.View.Creator)
+		b = stack.AppendUvarint(b, h.View.Seq)
 	case hasDigest(h.Type):
 		b = nakack.AppendDigest(b, h.Digest)
 		if h.Type == typeReconcile {
@@ -113,6 +119,8 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		for i := range h.Participants {
 			h.Participants[i] = r.Address()
 		}
+	case h.Type == typeStop:
+		h.View = stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}
 	case hasDigest(h.Type):
 		h.Digest = nakack.ReadDigest(r)
 		if h.Type != typeReconcile || r.Err() != nil {
@@ -146,6 +154,7 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeReconcile, Round: r, Digest: d, From: []stack.Address{a, b}},
 		&Header{Type: typeReconcileOK, Round: r},
 		&Header{Type: typeStop, Round: r},
+		&Header{Type: typeStop, Round: r, View: stack.ViewID{Creator: b, Seq: 7}},
 		&Header{Type: typeUnblocked, Round: r},
 		&Header{Type: typeAbort, Round: r},
 	}

@@ -124,17 +124,21 @@ type GMS struct {
 
 	installMu sync.Mutex // one view installed at a time, in order
 
-	mu        sync.Mutex
-	view      *stack.View
-	leaving   bool
-	suspects  map[stack.Address]bool
-	reqs      []request
-	acks      *ackWait
-	merge     *mergeState
-	mergeN    uint64
-	joinRsp   chan *Header
-	leaveDone chan struct{}
-	wake      chan struct{}
+	mu       sync.Mutex
+	view     *stack.View
+	leaving  bool
+	suspects map[stack.Address]bool
+	// joinDigests: the digest each joiner of view joinView was answered
+	// with, for answering again a joiner whose answer was lost.
+	joinDigests map[stack.Address]nakack.Digest
+	joinView    stack.ViewID
+	reqs        []request
+	acks        *ackWait
+	merge       *mergeState
+	mergeN      uint64
+	joinRsp     chan *Header
+	leaveDone   chan struct{}
+	wake        chan struct{}
 
 	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
 	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures atomic.Int64
@@ -414,9 +418,17 @@ func (g *GMS) process(reqs []request) {
 	if len(rejoiners) > 0 {
 		// Already members (the coordinator that took them in crashed before
 		// it answered): answer with the view they are in.
+		// A joiner whose answer was lost gets the digest of the view it
+		// joined in, not today's: it must deliver what was sent since.
 		cur, d := g.View(), g.digest()
 		for _, a := range rejoiners {
-			g.send(a, &Header{Type: typeJoinRsp, View: cur, Digest: d})
+			g.mu.Lock()
+			jd, ok := g.joinDigests[a]
+			g.mu.Unlock()
+			if !ok || cur.ID != g.joinView {
+				jd = d
+			}
+			g.send(a, &Header{Type: typeJoinRsp, View: cur, Digest: jd})
 		}
 	}
 	for _, r := range leavers {
@@ -472,6 +484,12 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving []stack.Address) {
 	g.send(stack.Address{}, &Header{Type: typeView, View: nv})
 	if len(joiners) > 0 {
 		d := g.digest()
+		g.mu.Lock()
+		g.joinDigests, g.joinView = map[stack.Address]nakack.Digest{}, nv.ID
+		for _, j := range joiners {
+			g.joinDigests[j] = d
+		}
+		g.mu.Unlock()
 		for _, j := range joiners {
 			g.send(j, &Header{Type: typeJoinRsp, View: nv, Digest: d})
 		}
