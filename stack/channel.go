@@ -196,6 +196,36 @@ func (c *Channel) receiver() Receiver {
 // its first view (a view of itself alone if no membership protocol is in the
 // stack), or when ctx ends.
 func (c *Channel) Connect(ctx context.Context, cluster string) error {
+	return c.connect(ctx, cluster, cluster)
+}
+
+// ConnectWithState joins cluster and fetches the application state from
+// member from (zero: the coordinator) into the receiver's SetState. With
+// FLUSH in the stack both happen in the one flush round that installs this
+// member's view, so no message is sent between the state and the first
+// delivery. The first member of a group has no state to fetch. If the state
+// cannot be fetched, the member leaves again and the error says why.
+func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Address) error {
+	if c.st.Find("STATE_TRANSFER") == nil {
+		return fmt.Errorf("strata: ConnectWithState: %w: no STATE_TRANSFER in the stack", ErrNotSupported)
+	}
+	if _, ok := c.receiver().(StateHandler); !ok {
+		return fmt.Errorf("strata: ConnectWithState: the receiver must implement StateHandler (GetState and SetState)")
+	}
+	if err := c.connect(ctx, cluster, ConnectRequest{Cluster: cluster, State: true, StateFrom: from}); err != nil {
+		return err
+	}
+	if c.st.Find("FLUSH") != nil || c.View().Size() <= 1 {
+		return nil // FLUSH fetched it while joining, or there is no one to ask
+	}
+	if err := c.GetState(ctx, from); err != nil {
+		_ = c.Disconnect(context.WithoutCancel(ctx))
+		return fmt.Errorf("strata: ConnectWithState: %w", err)
+	}
+	return nil
+}
+
+func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
 	if cluster == "" || len(cluster) > MaxClusterName {
 		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
 	}
@@ -218,7 +248,7 @@ func (c *Channel) Connect(ctx context.Context, cluster string) error {
 	c.st.SetCluster(cluster)
 	err := c.st.Start()
 	if err == nil {
-		_, err = c.st.DownEvent(ctx, Ev(EvConnect, cluster))
+		_, err = c.st.DownEvent(ctx, Ev(EvConnect, arg))
 	}
 	if err == nil && c.view.Load() == nil {
 		self := c.Address()
@@ -227,6 +257,11 @@ func (c *Channel) Connect(ctx context.Context, cluster string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
+		if c.view.Load() != nil {
+			// Joined, then failed (the state could not be fetched): leave
+			// gracefully rather than be suspected as crashed.
+			_, _ = c.st.DownEvent(context.WithoutCancel(ctx), Ev(EvDisconnect, nil))
+		}
 		c.connected.Store(false)
 		c.st.Stop()
 		c.view.Store(nil)

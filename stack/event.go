@@ -49,6 +49,18 @@ type FlushRequest struct {
 	// ViewChange marks GMS's flush before a view change; such a round takes
 	// precedence over an application's flush.
 	ViewChange bool
+	// AwaitState (stop): joiners that fetch the state inside this round
+	// (Channel.ConnectWithState); the group stays blocked until they have.
+	AwaitState []Address
+}
+
+// ConnectRequest is EvConnect's argument from Channel.ConnectWithState: join
+// Cluster and, inside the flush that installs the first view, fetch the
+// state from StateFrom (zero: the coordinator).
+type ConnectRequest struct {
+	Cluster   string
+	State     bool
+	StateFrom Address
 }
 
 // EventType names a control event. Core events are below UserEvent;
@@ -58,8 +70,9 @@ type EventType int
 
 // Core control events. Arg types are listed with each.
 const (
-	// EvConnect (down): join the cluster. Arg: cluster name (string).
-	// Returns when the member has its first view, or an error.
+	// EvConnect (down): join the cluster. Arg: cluster name (string), or a
+	// ConnectRequest. Returns when the member has its first view, or an
+	// error.
 	EvConnect EventType = iota + 1
 	// EvDisconnect (down): leave the cluster gracefully.
 	EvDisconnect

@@ -122,7 +122,11 @@ type FLUSH struct {
 	cur  *partRound // round this member is blocked for
 	// stopWait: a STOP_FLUSH that came before the view its round installed;
 	// it takes effect when that view is delivered.
-	stopWait    *stopWait
+	stopWait *stopWait
+	// stateDone: joiners that said they fetched the state in their join's
+	// round (ConnectWithState); stateWake wakes the stop waiting for them.
+	stateDone   map[stack.Address]bool
+	stateWake   chan struct{}
 	joining     bool // blocked since Connect, until the flush that installs the view stops
 	joinDone    chan struct{}
 	since       time.Time // blocked since
@@ -139,7 +143,8 @@ var _ stack.Protocol = (*FLUSH)(nil)
 
 // New returns a FLUSH layer.
 func New(cfg Config) *FLUSH {
-	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1), done: map[stack.Address]uint64{}}
+	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1), done: map[stack.Address]uint64{},
+		stateDone: map[stack.Address]bool{}, stateWake: make(chan struct{}, 1)}
 	return f
 }
 
@@ -307,6 +312,14 @@ func (f *FLUSH) handle(src stack.Address, h *Header) {
 		f.handleStop(src, h)
 	case typeCompleted, typeReconcileOK, typeUnblocked:
 		f.answer(src, h)
+	case typeStateDone:
+		f.mu.Lock()
+		f.stateDone[src] = true
+		f.mu.Unlock()
+		select {
+		case f.stateWake <- struct{}{}:
+		default:
+		}
 	case typeNotCompleted:
 		f.mu.Lock()
 		if ir := f.run; ir != nil && ir.id == h.Round && ir.phase == typeCompleted {
@@ -661,12 +674,20 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 // their STOP_FLUSH only after that, so a joiner's Connect returns into a
 // group where everyone can send.
 func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
+	return f.stopFlush(ctx, stack.FlushRequest{Participants: extra})
+}
+
+func (f *FLUSH) stopFlush(ctx context.Context, req stack.FlushRequest) error {
+	extra := req.Participants
 	f.mu.Lock()
 	ir := f.run
 	if ir == nil || ir.phase == typeUnblocked {
 		f.mu.Unlock()
 		return nil
 	}
+	f.mu.Unlock()
+	f.awaitStates(ctx, req.AwaitState)
+	f.mu.Lock()
 	var joiners []stack.Address
 	for _, a := range extra {
 		if !slices.Contains(ir.parts, a) {
@@ -693,6 +714,48 @@ func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
 		return fmt.Errorf("flush: stop: %w", err)
 	}
 	return nil
+}
+
+// awaitStates holds the stop until every joiner in js that is still in the
+// view has fetched the state (ConnectWithState), or timeout passes: the
+// group stays quiet while the state is read.
+func (f *FLUSH) awaitStates(ctx context.Context, js []stack.Address) {
+	if len(js) == 0 {
+		return
+	}
+	t := time.NewTimer(f.cfg.Timeout)
+	defer t.Stop()
+	check := time.NewTicker(f.cfg.StartTimeout / 4)
+	defer check.Stop()
+	for {
+		f.mu.Lock()
+		var missing []stack.Address
+		for _, j := range js {
+			if !f.stateDone[j] && (f.view == nil || f.view.Contains(j)) {
+				missing = append(missing, j)
+			}
+		}
+		if len(missing) == 0 {
+			for _, j := range js {
+				delete(f.stateDone, j)
+			}
+		}
+		f.mu.Unlock()
+		if len(missing) == 0 {
+			return
+		}
+		select {
+		case <-f.stateWake:
+		case <-check.C:
+		case <-t.C:
+			f.Log().Warn("flush: joiners did not fetch the state in time; unblocking the group", "joiners", missing, "timeout", f.cfg.Timeout)
+			return
+		case <-ctx.Done():
+			return
+		case <-f.Done():
+			return
+		}
+	}
 }
 
 func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address) error {
@@ -726,7 +789,7 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		return nil, f.StartFlush(ctx, req)
 	case stack.EvStopFlush:
 		req, _ := ev.Arg.(stack.FlushRequest)
-		return nil, f.StopFlush(ctx, req.Participants)
+		return nil, f.stopFlush(ctx, req)
 	case stack.EvConnect:
 		return nil, f.connect(ctx, ev)
 	case stack.EvViewChange:
@@ -751,7 +814,7 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 		return nil, f.StartFlush(ctx, req)
 	case stack.EvStopFlush:
 		req, _ := ev.Arg.(stack.FlushRequest)
-		return nil, f.StopFlush(context.Background(), req.Participants)
+		return nil, f.stopFlush(context.Background(), req)
 	case stack.EvViewChange:
 		// After the application has the view: a STOP_FLUSH that waited
 		// for it takes effect.
@@ -791,11 +854,21 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
 		f.pmu.Unlock()
 		return nil
 	}
+	var stateErr error
+	if cr, ok := ev.Arg.(stack.ConnectRequest); ok && cr.State {
+		// Still blocked, as is the group: fetch the state, then let the
+		// round's initiator (the view's creator) stop the flush.
+		_, stateErr = f.PassDownEvent(ctx, stack.Ev(stack.EvGetState, cr.StateFrom))
+		f.mu.Lock()
+		coord := f.view.ID.Creator
+		f.mu.Unlock()
+		f.send(coord, &Header{Type: typeStateDone})
+	}
 	// Connect returns into a group where everyone can send: after the
 	// STOP_FLUSH of the flush that installed this member's view.
 	select {
 	case <-joined:
-		return nil
+		return stateErr
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-f.Done():

@@ -17,10 +17,11 @@ const (
 	typeStop         uint8 = 6 // initiator -> participant (and joiners): unblock
 	typeUnblocked    uint8 = 7 // participant -> initiator: unblocked (the stop is synchronous)
 	typeAbort        uint8 = 8 // initiator -> participant: the round is off; unblock
-	maxType                = typeAbort
+	typeStateDone    uint8 = 9 // joiner -> coordinator: fetched the state in the join's round
+	maxType                = typeStateDone
 )
 
-var typeNames = [...]string{"?", "START_FLUSH", "FLUSH_COMPLETED", "FLUSH_NOT_COMPLETED", "FLUSH_RECONCILE", "FLUSH_RECONCILE_OK", "STOP_FLUSH", "UNBLOCKED", "ABORT_FLUSH"}
+var typeNames = [...]string{"?", "START_FLUSH", "FLUSH_COMPLETED", "FLUSH_NOT_COMPLETED", "FLUSH_RECONCILE", "FLUSH_RECONCILE_OK", "STOP_FLUSH", "UNBLOCKED", "ABORT_FLUSH", "STATE_DONE"}
 
 // RoundID names one flush round: its initiator and the initiator's counter.
 // Rounds of one initiator are ordered by N.
@@ -157,5 +158,6 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeStop, Round: r, View: stack.ViewID{Creator: b, Seq: 7}},
 		&Header{Type: typeUnblocked, Round: r},
 		&Header{Type: typeAbort, Round: r},
+		&Header{Type: typeStateDone},
 	}
 }

@@ -96,6 +96,7 @@ type request struct {
 	kind   reqKind
 	addr   stack.Address
 	coords []stack.Address // reqMerge
+	state  bool            // reqJoin: the joiner fetches the state in the view's flush
 }
 
 // ackWait collects the acknowledgements of one view.
@@ -132,6 +133,9 @@ type GMS struct {
 	// with, for answering again a joiner whose answer was lost.
 	joinDigests map[stack.Address]nakack.Digest
 	joinView    stack.ViewID
+	// joinWithState: this member's JOIN_REQ asks to fetch the state in the
+	// join's flush (Channel.ConnectWithState).
+	joinWithState atomic.Bool
 	reqs        []request
 	acks        *ackWait
 	merge       *mergeState
@@ -397,7 +401,7 @@ func (g *GMS) process(reqs []request) {
 			members = append(members, m)
 		}
 	}
-	var newJoiners, rejoiners []stack.Address
+	var newJoiners, rejoiners, stateJoiners []stack.Address
 	for _, r := range joiners {
 		switch {
 		case v.Contains(r.addr) && !gone[r.addr]:
@@ -405,6 +409,9 @@ func (g *GMS) process(reqs []request) {
 		case !slices.Contains(members, r.addr) && !gone[r.addr]:
 			members = append(members, r.addr)
 			newJoiners = append(newJoiners, r.addr)
+			if r.state {
+				stateJoiners = append(stateJoiners, r.addr)
+			}
 		}
 	}
 	g.mu.Unlock()
@@ -413,7 +420,7 @@ func (g *GMS) process(reqs []request) {
 
 	if len(members) != len(v.Members) || len(newJoiners) > 0 {
 		nv := stack.NewView(self, v.ID.Seq+1, members...)
-		g.cast(nv, newJoiners, leaving)
+		g.cast(nv, newJoiners, leaving, stateJoiners)
 	}
 	if len(rejoiners) > 0 {
 		// Already members (the coordinator that took them in crashed before
@@ -445,8 +452,9 @@ func (g *GMS) process(reqs []request) {
 
 // cast installs nv here (unless this coordinator is leaving it), multicasts
 // it, answers the joiners, and waits for every member's acknowledgement.
-// Graceful leavers take part in the flush before the view that drops them.
-func (g *GMS) cast(nv *stack.View, joiners, leaving []stack.Address) {
+// Graceful leavers take part in the flush before the view that drops them;
+// the flush stops only when the state joiners have fetched the state.
+func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Address) {
 	self := g.LocalAddress()
 	// With FLUSH above, the members that stay block and deliver the same
 	// messages before the view changes (without it the event reaches the
@@ -463,7 +471,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving []stack.Address) {
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
 	}
 	defer func() {
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners}))
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners}))
 	}()
 	expect := map[stack.Address]bool{}
 	for _, m := range nv.Members {
@@ -581,7 +589,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 			g.send(src, &Header{Type: typeJoinRsp, Coord: coord, Fail: "not the coordinator"})
 			return
 		}
-		g.enqueue(request{kind: reqJoin, addr: src})
+		g.enqueue(request{kind: reqJoin, addr: src, state: h.State})
 	case typeJoinRsp:
 		select {
 		case g.joinRsp <- h:
@@ -731,6 +739,8 @@ func (g *GMS) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		if _, err := g.PassDownEvent(ctx, ev); err != nil {
 			return nil, err
 		}
+		cr, _ := ev.Arg.(stack.ConnectRequest)
+		g.joinWithState.Store(cr.State)
 		return nil, g.join(ctx)
 	case stack.EvDisconnect:
 		g.leave(ctx)
@@ -879,7 +889,7 @@ func (g *GMS) askToJoin(ctx context.Context, coord stack.Address) (*Header, erro
 		}
 		break
 	}
-	g.send(coord, &Header{Type: typeJoinReq})
+	g.send(coord, &Header{Type: typeJoinReq, State: g.joinWithState.Load()})
 	t := time.NewTimer(g.cfg.JoinTimeout)
 	defer t.Stop()
 	for {

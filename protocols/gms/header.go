@@ -32,6 +32,7 @@ const (
 	hasMergeID
 	hasCoord
 	hasFail
+	flagState // JOIN_REQ: the joiner fetches the state in the view's flush
 )
 
 // maxFail bounds a refusal's text on the wire.
@@ -52,6 +53,7 @@ type Header struct {
 	MergeID MergeID       // MERGE_*, INSTALL_VIEW of a merge
 	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
 	Fail    string        // JOIN_RSP, MERGE_RSP refusals
+	State   bool          // JOIN_REQ: fetch the state inside the join's flush
 }
 
 // Kind names the message type ("JOIN_REQ", "VIEW", ...), for logs and for
@@ -84,6 +86,9 @@ func (h *Header) bits() uint8 {
 	}
 	if h.Fail != "" {
 		b |= hasFail
+	}
+	if h.State {
+		b |= flagState
 	}
 	return b
 }
@@ -170,7 +175,8 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	if bits >= hasFail<<1 {
+	h.State = bits&flagState != 0
+	if bits >= flagState<<1 {
 		return nil, fmt.Errorf("%w: GMS field bits %#x", stack.ErrMalformed, bits)
 	}
 	return h, nil
@@ -184,6 +190,7 @@ func sampleHeaders() []stack.Header {
 	mid := MergeID{Leader: a, N: 2}
 	return []stack.Header{
 		&Header{Type: typeJoinReq},
+		&Header{Type: typeJoinReq, State: true},
 		&Header{Type: typeJoinRsp, View: v, Digest: d},
 		&Header{Type: typeJoinRsp, View: v, Digest: nakack.Digest{}},
 		&Header{Type: typeJoinRsp, Coord: b, Fail: "not the coordinator"},

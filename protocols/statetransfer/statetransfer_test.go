@@ -5,7 +5,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"runtime"
 	"sync"
 	"testing"
@@ -207,5 +210,121 @@ func TestProviderErrorReachesTheRequester(t *testing.T) {
 		require.ErrorContains(t, err, "disk on fire")
 		require.NoError(t, ms[0].Ch.Send(context.Background(), stack.NewMessage(stack.Address{}, []byte("after"))), "the provider can send again")
 		stacktest.WaitFor(t, time.Minute, func() bool { return ms[1].Col.Len() > 0 }, "the multicast after the failed transfer arrives")
+	})
+}
+
+// ledger is an application whose state is, per sender, the last seqno of
+// its multicasts applied. Each message must be the next one of its sender:
+// one already in the state and delivered again, one in neither, or one
+// delivered before the state arrived, is an error.
+type ledger struct {
+	*stacktest.Collector
+	mu      sync.Mutex
+	noState bool // a joiner before SetState
+	last    map[int]int
+	errs    []string
+}
+
+func newLedger(joiner bool) *ledger { return &ledger{noState: joiner, last: map[int]int{}} }
+
+func (l *ledger) Receive(m *stack.Message) {
+	var i, seq int
+	if _, err := fmt.Sscanf(string(m.Payload), "%d/%d", &i, &seq); err == nil && m.IsMulticast() {
+		l.mu.Lock()
+		switch want, ok := l.last[i]; {
+		case l.noState:
+			l.errs = append(l.errs, fmt.Sprintf("%d/%d delivered before the state", i, seq))
+		case !ok && seq != 0, ok && seq != want+1:
+			l.errs = append(l.errs, fmt.Sprintf("%d/%d delivered after %d/%d", i, seq, i, want))
+		}
+		l.last[i] = seq
+		l.mu.Unlock()
+	}
+	l.Collector.Receive(m)
+}
+
+func (l *ledger) GetState(w io.Writer) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, seq := range l.last {
+		if _, err := fmt.Fprintf(w, "%d/%d\n", i, seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *ledger) SetState(r io.Reader) error {
+	b, err := io.ReadAll(r)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		var i, seq int
+		if _, err := fmt.Sscanf(string(line), "%d/%d", &i, &seq); err == nil {
+			l.last[i] = seq
+		}
+	}
+	l.noState = false
+	return err
+}
+
+func (l *ledger) snapshot() (map[int]int, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.last), slices.Clone(l.errs)
+}
+
+// TestConnectWithStateInOneFlush: members multicast all the time while a
+// third joins with ConnectWithState. The joiner's state and the messages it
+// is delivered afterwards add up to exactly what the others applied: no
+// message is in the state and delivered again, none is in neither. The join
+// takes one flush round.
+func TestConnectWithStateInOneFlush(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		ls := []*ledger{newLedger(false), newLedger(false), newLedger(true)}
+		l := grouptest.New(t, seed)
+		l.Top = func(int) []stack.Protocol {
+			return []stack.Protocol{statetransfer.New(statetransfer.DefaultConfig()), flush.New(flush.DefaultConfig())}
+		}
+		l.Receiver = func(i int, col *stacktest.Collector) stack.Receiver {
+			ls[i].Collector = col
+			return ls[i]
+		}
+		ms := start(t, l, 2)
+		l.Net.SetDefault(sim.Rule{Drop: 0.05})
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		for i, m := range ms {
+			wg.Go(func() {
+				for seq := 0; ctx.Err() == nil; seq++ {
+					if m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, fmt.Appendf(nil, "%d/%d", i, seq))) != nil {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+		time.Sleep(time.Second)
+		c := l.Add()
+		coord := grouptest.ByView(ms)[0].Top[1].(*flush.FLUSH)
+		flushesBefore := stacktest.Stat(t, coord, "flushes_completed")
+		require.NoError(t, c.Ch.ConnectWithState(t.Context(), "test", stack.Address{}))
+		require.Equal(t, flushesBefore+1, stacktest.Stat(t, coord, "flushes_completed"), "joining with the state took one flush round")
+		st, _ := ls[2].snapshot()
+		require.NotEmpty(t, st, "the joiner got a state")
+		time.Sleep(time.Second)
+		cancel()
+		wg.Wait()
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			a, _ := ls[0].snapshot()
+			b, _ := ls[1].snapshot()
+			j, _ := ls[2].snapshot()
+			return maps.Equal(a, b) && maps.Equal(a, j)
+		}, "every member applied the same messages")
+		for i, lg := range ls {
+			_, errs := lg.snapshot()
+			require.Empty(t, errs, "member %d applied every message once, in order, after its state", i)
+		}
 	})
 }
