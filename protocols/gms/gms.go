@@ -136,13 +136,13 @@ type GMS struct {
 	// joinWithState: this member's JOIN_REQ asks to fetch the state in the
 	// join's flush (Channel.ConnectWithState).
 	joinWithState atomic.Bool
-	reqs        []request
-	acks        *ackWait
-	merge       *mergeState
-	mergeN      uint64
-	joinRsp     chan *Header
-	leaveDone   chan struct{}
-	wake        chan struct{}
+	reqs          []request
+	acks          *ackWait
+	merge         *mergeState
+	mergeN        uint64
+	joinRsp       chan *Header
+	leaveDone     chan struct{}
+	wake          chan struct{}
 
 	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
 	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures atomic.Int64
