@@ -3,9 +3,11 @@ package configs_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -114,4 +116,86 @@ func freePort(t *testing.T) int {
 	require.NoError(t, err)
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+// counter is a state of one number, the count of multicasts applied.
+type counter struct {
+	*stacktest.Collector
+	mu sync.Mutex
+	n  int
+}
+
+func (c *counter) Receive(m *stack.Message) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	c.Collector.Receive(m)
+}
+
+func (c *counter) GetState(w io.Writer) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, err := fmt.Fprint(w, c.n)
+	return err
+}
+
+func (c *counter) SetState(r io.Reader) error {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n, err = strconv.Atoi(string(b))
+	return err
+}
+
+func (c *counter) get() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// TestFlushConfigJoinsWithStateOnLoopback: three members from flush.toml
+// exchange multicasts; a fourth joins with ConnectWithState and its count
+// equals theirs, then stays equal as traffic goes on.
+func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{
+		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
+		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
+	}
+	var chs []*stack.Channel
+	var cs []*counter
+	for i := range 4 {
+		c := &counter{Collector: stacktest.NewCollector()}
+		ch, err := stack.NewChannelFromFSVars(configs.FS, "flush.toml", vars, stack.WithName(stacktest.Names[i]), stack.WithReceiver(c))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ch.Close() })
+		chs, cs = append(chs, ch), append(cs, c)
+	}
+	for _, ch := range chs[:3] {
+		require.NoError(t, ch.Connect(t.Context(), "flush-cfg"))
+	}
+	stacktest.WaitForSameView(t, 30*time.Second, chs[:3]...)
+	for i, ch := range chs[:3] {
+		for k := range 10 {
+			require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, k, 8))))
+		}
+	}
+	stacktest.WaitFor(t, 10*time.Second, func() bool { return cs[0].get() == 30 && cs[1].get() == 30 && cs[2].get() == 30 }, "30 multicasts everywhere")
+	require.NoError(t, chs[3].ConnectWithState(t.Context(), "flush-cfg", stack.Address{}))
+	require.Equal(t, 30, cs[3].get(), "the joiner's state is the group's count")
+	for i, ch := range chs {
+		require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, 100, 8))))
+	}
+	stacktest.WaitFor(t, 10*time.Second, func() bool {
+		for _, c := range cs {
+			if c.get() != 34 {
+				return false
+			}
+		}
+		return true
+	}, "every member counts 34")
 }
