@@ -10,6 +10,7 @@ import (
 	_ "github.com/strata-go/strata/protocols/flush"
 	_ "github.com/strata-go/strata/protocols/frag"
 	_ "github.com/strata-go/strata/protocols/gms"
+	_ "github.com/strata-go/strata/protocols/groupfc"
 	_ "github.com/strata-go/strata/protocols/merge3"
 	_ "github.com/strata-go/strata/protocols/nakack"
 	_ "github.com/strata-go/strata/protocols/ping"

@@ -16,7 +16,7 @@ import (
 // must give the header back.
 func TestEveryShippedHeaderSizeEqualsEncodedLength(t *testing.T) {
 	ids := stack.HeaderIDs()
-	for _, want := range []uint16{stack.IDNAKACK, stack.IDUNICAST2, stack.IDSTABLE, stack.IDFRAG, stack.IDPING, stack.IDStaticPING, stack.IDMERGE3, stack.IDFDALL, stack.IDVerifySuspect, stack.IDGMS} {
+	for _, want := range []uint16{stack.IDNAKACK, stack.IDUNICAST2, stack.IDSTABLE, stack.IDFRAG, stack.IDPING, stack.IDStaticPING, stack.IDMERGE3, stack.IDFDALL, stack.IDVerifySuspect, stack.IDGMS, stack.IDFLUSH, stack.IDStateTransfer, stack.IDGROUPFC} {
 		require.Contains(t, ids, want)
 	}
 	stacktest.CheckHeaderSizes(t)

@@ -1,0 +1,653 @@
+package groupfc
+
+import (
+	"slices"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Flow-control constants of TIPC groups (reference/tipc-groups-spec.md §1).
+const (
+	blockSize  = 1024 // bytes per window block
+	hdrSize    = 44   // what a data message's header is charged (TIPC's GROUP_H_SIZE)
+	advUnit    = 65   // blocks of the largest message: (66060+60)/1024 + 1
+	advIdle    = advUnit
+	advActive  = 12 * advUnit
+	advRefresh = advActive * 3 / 4 // an ACTIVE member is re-advertised at or below this
+)
+
+// blocks is what a message of n payload bytes costs: (44+n)/1024 + 1, TIPC's
+// integer division (1024 bytes cost 2).
+func blocks(n int) int { return (hdrSize+n)/blockSize + 1 }
+
+// State is a member's state as seen by this member (spec §4).
+type State uint8
+
+// Member states. PENDING..REMITTED describe how this member rations the
+// peer's sending to it; the sending side uses only the window.
+const (
+	Joining    State = iota + 1 // JOIN came, the peer is not in the view yet
+	Published                   // in the view, no JOIN yet
+	Joined                      // both: idle window
+	Pending                     // wants to send, waits for an active slot
+	Active                      // large window
+	Reclaiming                  // asked to give back its large window
+	Remitted                    // gave it back; messages still unread
+	Leaving                     // LEAVE came or it left the view; never changes again
+)
+
+var stateNames = [...]string{"?", "JOINING", "PUBLISHED", "JOINED", "PENDING", "ACTIVE", "RECLAIMING", "REMITTED", "LEAVING"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "?"
+}
+
+// item is an entry of a member's deferred queue: a data message or a
+// membership event, each with the broadcast seqno it waits for.
+type item struct {
+	typ   uint8 // typeBcast, typeMcast, typeUcast, or 0 for an event
+	seqno uint64
+	m     *stack.Message
+	ack   bool // BCAST/MCAST with ack request
+	ev    *Event
+}
+
+// member is one peer (or this member itself, with loopback).
+type member struct {
+	addr     stack.Address
+	instance uint64
+	state    State
+
+	// Receiving side.
+	advertised int    // blocks granted minus blocks read
+	bcRcvNxt   uint64 // next broadcast seqno expected
+	bcSyncpt   uint64 // from JOIN, then from LEAVE
+	deferred   []*item
+	ready      []*item // taken off the deferred queue, to be delivered in order
+	delivering bool    // a goroutine is delivering ready
+	leave      bool    // LEAVE received (graceful)
+	downQueued bool
+	deleted    bool
+
+	// Sending side.
+	window     int // blocks we may still send to it
+	ackPending bool
+	inSmall    bool
+	list       listKind
+}
+
+type listKind uint8
+
+const (
+	inNone listKind = iota
+	inActive
+	inPending
+)
+
+// isReceiver: we may send to it (PUBLISHED counts, with window 0).
+func (m *member) isReceiver() bool { return m.state != Joining && m.state != Leaving }
+
+// isSender: we accept its data (LEAVING counts).
+func (m *member) isSender() bool { return m.state != Joining && m.state != Published }
+
+// protoMsg is a group protocol message to send once the lock is released.
+type protoMsg struct {
+	to stack.Address
+	h  *Header
+}
+
+// group is the state machine of TIPC groups for one member, without
+// goroutines or I/O: handlers change state and append to out (protocol
+// messages to send) and to members' ready queues (what to deliver). The
+// layer holds its mutex around every call.
+type group struct {
+	self      stack.Address
+	instance  uint64
+	loopback  bool
+	events    bool
+	maxActive int // 0: TIPC's formula
+
+	members   map[stack.Address]*member
+	smallWin  []*member // receivers with window < advIdle, ascending
+	active    []*member // LRU, oldest first
+	pending   []*member // LRU, oldest first
+	activeCnt int
+
+	bcSndNxt  uint64
+	bcAckers  int
+	mandatory bool // the next broadcast goes by replicast with ack request
+	joined    bool
+
+	out    []protoMsg
+	wake   bool // a blocked sender may go on
+	nready []*member
+
+	reclaims, remits, acks int64
+}
+
+func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
+	return &group{self: self, instance: instance, loopback: loopback, events: events, maxActive: maxActive,
+		members: map[stack.Address]*member{}, bcSndNxt: 1}
+}
+
+// limits returns max_active and the reclaim limit.
+func (g *group) limits() (maxActive, reclaimLimit int) {
+	maxActive = g.maxActive
+	if maxActive == 0 {
+		maxActive = max(min((len(g.members)+1)/8, 64), 16)
+	}
+	return maxActive, maxActive * 3 / 4
+}
+
+func (g *group) send(m *member, typ uint8) {
+	h := &Header{Type: typ}
+	switch typ {
+	case typeJoin:
+		h.Seqno, h.Instance = g.bcSndNxt, g.instance
+		h.N = uint64(g.advance(m))
+	case typeLeave:
+		h.Seqno = g.bcSndNxt
+	case typeAdv:
+		h.N = uint64(g.advance(m))
+	case typeAck:
+		h.N = m.bcRcvNxt
+	case typeRemit:
+		h.N = uint64(max(m.window, 0))
+	}
+	g.out = append(g.out, protoMsg{to: m.addr, h: h})
+}
+
+// advance is what to advertise to m now (its state's target minus what is
+// outstanding, never negative), and counts it as advertised.
+func (g *group) advance(m *member) int {
+	target := 0
+	switch m.state {
+	case Active:
+		target = advActive
+	case Joined, Pending:
+		target = advIdle
+	}
+	adv := max(target-m.advertised, 0)
+	m.advertised += adv
+	return adv
+}
+
+// fullyAdvertised: nothing more can be advertised to m in its state.
+func fullyAdvertised(m *member) bool {
+	switch m.state {
+	case Joined, Pending:
+		return m.advertised >= advIdle
+	case Active:
+		return m.advertised >= advActive
+	}
+	return false
+}
+
+// ---- lists
+
+func (g *group) unlinkSmall(m *member) {
+	if m.inSmall {
+		g.smallWin = slices.DeleteFunc(g.smallWin, func(x *member) bool { return x == m })
+		m.inSmall = false
+	}
+}
+
+// updateMember charges m blks and keeps the small-window list exact: m is
+// always taken out and put back in order (fix 1 of the spec: the old code
+// left an already listed member where it was).
+func (g *group) updateMember(m *member, blks int) {
+	if !m.isReceiver() || m.addr == g.self {
+		g.unlinkSmall(m)
+		return
+	}
+	m.window -= blks
+	g.unlinkSmall(m)
+	if m.window >= advIdle {
+		return
+	}
+	i := len(g.smallWin)
+	for j, x := range g.smallWin {
+		if x.window > m.window {
+			i = j
+			break
+		}
+	}
+	g.smallWin = slices.Insert(g.smallWin, i, m)
+	m.inSmall = true
+}
+
+// open re-sorts m after its window grew, and wakes blocked senders.
+func (g *group) open(m *member) {
+	g.updateMember(m, 0)
+	g.wake = true
+}
+
+func (g *group) unlinkList(m *member) {
+	switch m.list {
+	case inActive:
+		g.active = slices.DeleteFunc(g.active, func(x *member) bool { return x == m })
+	case inPending:
+		g.pending = slices.DeleteFunc(g.pending, func(x *member) bool { return x == m })
+	}
+	m.list = inNone
+}
+
+func (g *group) appendList(m *member, k listKind) {
+	g.unlinkList(m)
+	if k == inActive {
+		g.active = append(g.active, m)
+	} else {
+		g.pending = append(g.pending, m)
+	}
+	m.list = k
+}
+
+func (g *group) decrActive(m *member) {
+	switch m.state {
+	case Active, Reclaiming, Remitted:
+		g.activeCnt--
+	}
+}
+
+// ---- membership
+
+// create adds a member in state st.
+func (g *group) create(a stack.Address, st State) *member {
+	m := &member{addr: a, state: st}
+	m.bcRcvNxt = 0
+	g.members[a] = m
+	return m
+}
+
+// published: a the peer appeared (it is in the view).
+func (g *group) published(a stack.Address) {
+	m := g.members[a]
+	switch {
+	case m == nil:
+		m = g.create(a, Published)
+		g.updateMember(m, 0)
+		g.send(m, typeJoin)
+	case m.state == Joining:
+		m.state = Joined
+		g.open(m)
+		g.send(m, typeJoin)
+		g.queueEvent(m, true, false, m.bcSyncpt)
+	}
+}
+
+// withdrawn: a left the view. With its LEAVE in, the DOWN is queued at the
+// LEAVE's sync point already; without, the peer is lost (its node is down):
+// what can be delivered is, gaps are dropped, and DOWN comes at once.
+func (g *group) withdrawn(a stack.Address) {
+	m := g.members[a]
+	if m == nil || m.deleted {
+		return
+	}
+	if m.state != Leaving {
+		g.toLeaving(m)
+	}
+	if !m.leave {
+		g.lost(m)
+	}
+}
+
+func (g *group) toLeaving(m *member) {
+	g.unlinkList(m)
+	g.decrActive(m)
+	m.state = Leaving
+	g.unlinkSmall(m)
+	if m.ackPending {
+		// It will not ack: leave it out of the broadcast accounting.
+		m.ackPending = false
+		g.bcAckers--
+	}
+	g.wake = true
+}
+
+// lost delivers what m's queue holds in order, skipping the gaps that will
+// never be filled, then DOWN (graceful if its LEAVE came), and deletes m.
+func (g *group) lost(m *member) {
+	if m.deleted {
+		return
+	}
+	hi := m.bcRcvNxt
+	for _, it := range m.deferred {
+		hi = max(hi, it.seqno)
+	}
+	m.bcRcvNxt = hi // nobody will fill the gaps below
+	if m.downQueued {
+		g.filter(m)
+		return
+	}
+	g.queueEvent(m, false, m.leave, hi)
+}
+
+func (g *group) queueEvent(m *member, up, graceful bool, seqno uint64) {
+	if !up {
+		m.downQueued = true
+	}
+	ev := &Event{Member: m.addr, Instance: m.instance, Up: up, Graceful: graceful}
+	m.deferred = append(m.deferred, &item{seqno: seqno, ev: ev})
+	g.filter(m)
+}
+
+// ---- receiving
+
+// handleProto runs a group protocol message from src.
+func (g *group) handleProto(src stack.Address, h *Header) {
+	m := g.members[src]
+	if m != nil && (m.deleted || m.state == Leaving) && h.Type != typeLeave {
+		return // from a member that is leaving or gone: never a state change
+	}
+	switch h.Type {
+	case typeJoin:
+		if m == nil {
+			m = g.create(src, Joining)
+		}
+		m.instance = h.Instance
+		m.bcSyncpt = h.Seqno
+		m.bcRcvNxt = h.Seqno
+		m.window += int(h.N)
+		// Unconditionally re-sorted (fix 2: a JOIN with a full window must
+		// take the member off the small-window list).
+		g.updateMember(m, 0)
+		if m.state != Published {
+			return
+		}
+		m.state = Joined
+		g.open(m)
+		g.send(m, typeAdv)
+		g.queueEvent(m, true, false, m.bcSyncpt)
+	case typeLeave:
+		if m == nil || m.deleted || m.leave {
+			return
+		}
+		m.leave = true
+		m.bcSyncpt = h.Seqno
+		if m.state != Leaving {
+			g.toLeaving(m)
+		}
+		if !m.downQueued {
+			g.queueEvent(m, false, true, m.bcSyncpt)
+		}
+	case typeAdv:
+		if m == nil {
+			return
+		}
+		m.window += int(h.N)
+		g.open(m)
+	case typeAck:
+		if m == nil {
+			return
+		}
+		// Only a counted receiver's first ACK counts (CVE-2026-31662:
+		// duplicate or stale ACKs are no-ops).
+		if m.ackPending {
+			m.ackPending = false
+			g.bcAckers--
+			g.acks++
+			if g.bcAckers == 0 {
+				g.wake = true
+			}
+		}
+	case typeReclaim:
+		if m == nil {
+			return
+		}
+		g.send(m, typeRemit)
+		g.remits++
+		m.window = advIdle
+		g.open(m)
+	case typeRemit:
+		if m == nil || m.state != Reclaiming {
+			return
+		}
+		remitted := int(h.N)
+		if m.advertised > remitted {
+			m.state = Remitted
+			m.advertised = advIdle + (m.advertised - remitted)
+			return
+		}
+		m.state = Joined
+		g.activeCnt--
+		m.advertised = advIdle
+		g.activateOldestPending()
+	}
+}
+
+// activateOldestPending makes the oldest PENDING member ACTIVE.
+func (g *group) activateOldestPending() {
+	if len(g.pending) == 0 {
+		return
+	}
+	pm := g.pending[0]
+	pm.state = Active
+	g.appendList(pm, inActive)
+	g.activeCnt++
+	if pm.advertised <= advRefresh {
+		g.send(pm, typeAdv)
+	}
+}
+
+// data takes a data message from src into its deferred queue.
+func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
+	m := g.members[src]
+	if m == nil || m.deleted || !m.isSender() {
+		return false
+	}
+	if (h.Type == typeBcast || h.Type == typeMcast) && h.Seqno < m.bcRcvNxt {
+		return false // below the sync point, or a duplicate
+	}
+	it := &item{typ: h.Type, seqno: h.Seqno, m: msg, ack: h.AckReq}
+	if h.Type == typeUcast {
+		m.deferred = append(m.deferred, it)
+	} else {
+		i := len(m.deferred)
+		for j, x := range m.deferred {
+			if x.seqno > h.Seqno {
+				i = j
+				break
+			}
+		}
+		m.deferred = slices.Insert(m.deferred, i, it)
+	}
+	g.filter(m)
+	return true
+}
+
+// filter moves what may be delivered from m's deferred queue to its ready
+// queue (spec §6): the head goes when its seqno is not beyond bcRcvNxt.
+func (g *group) filter(m *member) {
+	for len(m.deferred) > 0 && !m.deleted {
+		it := m.deferred[0]
+		if it.seqno > m.bcRcvNxt {
+			break
+		}
+		m.deferred = m.deferred[1:]
+		deliver, update := true, false
+		switch it.typ {
+		case typeMcast:
+			if h, _ := it.m.Header(stack.IDGROUPFC).(*Header); h != nil && h.Instance != g.instance {
+				deliver, update = false, true
+			}
+			m.bcRcvNxt++
+		case typeBcast:
+			m.bcRcvNxt++
+		case 0:
+			if !g.events {
+				deliver = false
+			}
+		}
+		if deliver {
+			m.ready = append(m.ready, it)
+			g.nready = append(g.nready, m)
+		}
+		if it.ack {
+			g.send(m, typeAck)
+		}
+		if it.ev != nil && !it.ev.Up {
+			g.remove(m)
+			return
+		}
+		if update {
+			g.read(m, blocks(len(it.m.Payload)))
+		}
+	}
+}
+
+// remove deletes m once its DOWN has left the deferred queue.
+func (g *group) remove(m *member) {
+	m.deferred = nil
+	m.deleted = true
+	if m.ackPending {
+		m.ackPending = false
+		g.bcAckers--
+	}
+	g.unlinkList(m)
+	g.unlinkSmall(m)
+	if m.state != Leaving {
+		g.decrActive(m)
+	}
+	delete(g.members, m.addr)
+	g.wake = true
+}
+
+// read is the application taking blks blocks from m (spec §4,
+// update_rcv_win).
+func (g *group) read(m *member, blks int) {
+	if m.deleted {
+		return
+	}
+	maxActive, reclaimLimit := g.limits()
+	activeCnt := g.activeCnt
+	m.advertised -= blks
+	switch m.state {
+	case Joined:
+		if activeCnt <= maxActive {
+			m.state = Active
+			g.appendList(m, inActive)
+			g.activeCnt++
+			g.send(m, typeAdv)
+		} else {
+			m.state = Pending
+			g.appendList(m, inPending)
+		}
+		if activeCnt < reclaimLimit {
+			return
+		}
+		if len(g.active) > 0 {
+			rm := g.active[0]
+			rm.state = Reclaiming
+			g.unlinkList(rm)
+			g.send(rm, typeReclaim)
+			g.reclaims++
+			return
+		}
+		pm := g.pending[0]
+		g.unlinkList(pm)
+		pm.state = Joined
+		g.send(pm, typeAdv)
+	case Active:
+		g.appendList(m, inActive) // to the tail: most recently active
+		if m.advertised <= advRefresh {
+			g.send(m, typeAdv)
+		}
+	case Remitted:
+		if m.advertised > advIdle {
+			return
+		}
+		m.state = Joined
+		g.activeCnt--
+		if m.advertised < advIdle {
+			g.send(m, typeAdv)
+		}
+		g.activateOldestPending()
+	}
+}
+
+// ---- sending
+
+// cong reports whether a message of blks blocks to m must wait, nudging m
+// with an ADV (two members blocked on each other never read, so would never
+// advertise otherwise).
+func (g *group) cong(m *member, blks int) bool {
+	if m.window >= blks || m.addr == g.self {
+		return false
+	}
+	if !fullyAdvertised(m) {
+		g.send(m, typeAdv)
+	}
+	return true
+}
+
+// bcCong reports whether a broadcast of blks blocks must wait.
+func (g *group) bcCong(blks int) bool {
+	if g.bcAckers > 0 {
+		return true
+	}
+	if len(g.smallWin) == 0 || g.smallWin[0].window >= blks {
+		return false
+	}
+	return g.cong(g.smallWin[0], blks)
+}
+
+// sentUnicast charges m and makes the next broadcast a replicast with ack
+// request, so it cannot overtake this unicast.
+func (g *group) sentUnicast(m *member, blks int) {
+	g.updateMember(m, blks)
+	g.mandatory = true
+}
+
+// sentBroadcast charges every receiver; with ack it counts them as ackers.
+// It returns the receivers.
+func (g *group) sentBroadcast(blks int, ack bool) []*member {
+	var rs []*member
+	for _, m := range g.members {
+		if !m.isReceiver() || m.addr == g.self {
+			continue
+		}
+		g.updateMember(m, blks)
+		rs = append(rs, m)
+		if ack {
+			m.ackPending = true
+		}
+	}
+	if ack {
+		g.bcAckers = len(rs)
+	}
+	g.bcSndNxt++
+	g.mandatory = false
+	return rs
+}
+
+// receivers returns the members with instance inst we may send to (self
+// only with loopback), in address order.
+func (g *group) receivers(inst uint64) []*member {
+	var rs []*member
+	for _, m := range g.members {
+		if m.instance == inst && m.isReceiver() && (m.addr != g.self || g.loopback) {
+			rs = append(rs, m)
+		}
+	}
+	slices.SortFunc(rs, func(a, b *member) int { return a.addr.Compare(b.addr) })
+	return rs
+}
+
+// leaveAll is this member's own leave: LEAVE to every member, every queue
+// purged.
+func (g *group) leaveAll() {
+	for _, m := range g.members {
+		if m.addr != g.self && !m.deleted {
+			g.send(m, typeLeave)
+		}
+		m.deferred, m.ready = nil, nil
+	}
+	g.members = map[stack.Address]*member{}
+	g.smallWin, g.active, g.pending = nil, nil, nil
+	g.activeCnt, g.bcAckers = 0, 0
+	g.joined = false
+	g.wake = true
+}

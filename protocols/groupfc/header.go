@@ -1,0 +1,87 @@
+package groupfc
+
+import (
+	"fmt"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Message types: data (as TIPC's GRP_BCAST, GRP_MCAST, GRP_UCAST) and the
+// group protocol (GRP_JOIN ... GRP_REMIT). Events never go on the wire.
+const (
+	typeBcast   uint8 = 1 // broadcast; Seqno is the sender's broadcast seqno
+	typeMcast   uint8 = 2 // multicast to Instance; travels as a broadcast
+	typeUcast   uint8 = 3 // unicast; Seqno is the sender's next broadcast seqno
+	typeJoin    uint8 = 4 // Seqno: sync point; N: window advertised; Instance: the sender's
+	typeLeave   uint8 = 5 // Seqno: sync point
+	typeAdv     uint8 = 6 // N: window advertised
+	typeAck     uint8 = 7 // N: next broadcast seqno expected from the receiver of the ACK
+	typeReclaim uint8 = 8
+	typeRemit   uint8 = 9 // N: the remitter's window toward the reclaimer
+	maxType           = typeRemit
+)
+
+var typeNames = [...]string{"?", "BCAST", "MCAST", "UCAST", "JOIN", "LEAVE", "ADV", "ACK", "RECLAIM", "REMIT"}
+
+// maxWindow bounds an advertised or remitted window on the wire (blocks).
+const maxWindow = 1 << 24
+
+// Header is a GROUPFC message.
+type Header struct {
+	Type     uint8
+	AckReq   bool   // BCAST, MCAST: the receiver answers with ACK
+	Seqno    uint64 // data: broadcast seqno; JOIN, LEAVE: sync point
+	Instance uint64 // MCAST: target instance; JOIN: the joiner's instance
+	N        uint64 // JOIN, ADV: window; ACK: acked; REMIT: remitted
+}
+
+// Kind names the message type.
+func (h *Header) Kind() string {
+	if int(h.Type) < len(typeNames) {
+		return typeNames[h.Type]
+	}
+	return "?"
+}
+
+func (h *Header) String() string {
+	return fmt.Sprintf("GROUPFC %s seqno=%d inst=%d n=%d ack=%t", h.Kind(), h.Seqno, h.Instance, h.N, h.AckReq)
+}
+
+func isData(t uint8) bool { return t == typeBcast || t == typeMcast || t == typeUcast }
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	return 2 + stack.UvarintSize(h.Seqno) + stack.UvarintSize(h.Instance) + stack.UvarintSize(h.N)
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = append(b, h.Type)
+	b = stack.AppendBool(b, h.AckReq)
+	b = stack.AppendUvarint(b, h.Seqno)
+	b = stack.AppendUvarint(b, h.Instance)
+	return stack.AppendUvarint(b, h.N)
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: r.Uint8(), AckReq: r.Bool(), Seqno: r.Uvarint(), Instance: r.Uvarint(), N: r.Uvarint()}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	switch {
+	case h.Type == 0 || h.Type > maxType:
+		return nil, fmt.Errorf("%w: GROUPFC message type %d", stack.ErrMalformed, h.Type)
+	case (h.Type == typeJoin || h.Type == typeAdv || h.Type == typeRemit) && h.N > maxWindow:
+		return nil, fmt.Errorf("%w: GROUPFC %s window %d", stack.ErrMalformed, h.Kind(), h.N)
+	}
+	return h, nil
+}
+
+func sampleHeaders() []stack.Header {
+	return []stack.Header{
+		&Header{Type: typeBcast, Seqno: 7, AckReq: true}, &Header{Type: typeMcast, Seqno: 8, Instance: 3},
+		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65},
+		&Header{Type: typeLeave, Seqno: 12}, &Header{Type: typeAdv, N: 780}, &Header{Type: typeAck, N: 13},
+		&Header{Type: typeReclaim}, &Header{Type: typeRemit, N: 65},
+	}
+}
