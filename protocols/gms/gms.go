@@ -691,14 +691,15 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 	case stack.EvSuspect:
 		as, _ := ev.Arg.([]stack.Address)
 		g.suspect(as)
-		return nil, nil
+		// Layers above (GROUPFC) learn that these members' nodes are down.
+		return g.PassUpEvent(ev)
 	case stack.EvUnsuspect:
 		if a, ok := ev.Arg.(stack.Address); ok {
 			g.mu.Lock()
 			delete(g.suspects, a)
 			g.mu.Unlock()
 		}
-		return nil, nil
+		return g.PassUpEvent(ev)
 	case stack.EvMerge:
 		coords, _ := ev.Arg.([]stack.Address)
 		if len(coords) > 1 {

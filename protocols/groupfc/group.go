@@ -278,10 +278,11 @@ func (g *group) published(a stack.Address) {
 	}
 }
 
-// withdrawn: a left the view. With its LEAVE in, the DOWN is queued at the
-// LEAVE's sync point already; without, the peer is lost (its node is down):
-// what can be delivered is, gaps are dropped, and DOWN comes at once.
-func (g *group) withdrawn(a stack.Address) {
+// withdrawn: a left the view (TIPC's WITHDRAWN). It becomes LEAVING. If
+// its node is down (it was suspected) and no LEAVE came, DOWN comes at once
+// after what can still be delivered; otherwise its LEAVE is awaited, and
+// DOWN waits for every broadcast below the LEAVE's sync point.
+func (g *group) withdrawn(a stack.Address, nodeDown bool) {
 	m := g.members[a]
 	if m == nil || m.deleted {
 		return
@@ -289,7 +290,7 @@ func (g *group) withdrawn(a stack.Address) {
 	if m.state != Leaving {
 		g.toLeaving(m)
 	}
-	if !m.leave {
+	if nodeDown && !m.leave {
 		g.lost(m)
 	}
 }

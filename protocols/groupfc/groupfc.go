@@ -134,6 +134,7 @@ type GroupFC struct {
 	mu     sync.Mutex
 	g      *group
 	view   *stack.View
+	downs  map[stack.Address]bool // suspected: their node is down
 	wakeCh chan struct{}
 	rr     map[uint64]int // anycast round-robin position per instance
 
@@ -144,7 +145,7 @@ var _ stack.Protocol = (*GroupFC)(nil)
 
 // New returns a GROUPFC layer.
 func New(cfg Config) *GroupFC {
-	return &GroupFC{cfg: cfg, wakeCh: make(chan struct{}), rr: map[uint64]int{}}
+	return &GroupFC{cfg: cfg, wakeCh: make(chan struct{}), rr: map[uint64]int{}, downs: map[stack.Address]bool{}}
 }
 
 // Of returns the GROUPFC layer of ch's stack, or nil.
@@ -630,7 +631,8 @@ func (p *GroupFC) viewChange(v *stack.View) {
 	var gone []*member
 	for a, m := range g.members {
 		if a != self && !v.Contains(a) {
-			g.withdrawn(a)
+			g.withdrawn(a, p.downs[a])
+			delete(p.downs, a)
 			if !m.deleted {
 				gone = append(gone, m)
 			}
@@ -638,8 +640,9 @@ func (p *GroupFC) viewChange(v *stack.View) {
 	}
 	p.afterLocked()
 	for _, m := range gone {
-		// Graceful leavers deliver what they sent below their sync point;
-		// what never comes is given up after leave_timeout.
+		// A leaver delivers what it sent below its LEAVE's sync point; a
+		// LEAVE or message that never comes is given up after
+		// leave_timeout, and DOWN follows.
 		p.Go(func(done <-chan struct{}) {
 			t := time.NewTimer(p.cfg.LeaveTimeout)
 			defer t.Stop()
@@ -657,6 +660,27 @@ func (p *GroupFC) viewChange(v *stack.View) {
 			p.afterLocked()
 		})
 	}
+}
+
+// UpEvent notes suspected members: when the view drops them, their node is
+// down and no LEAVE is awaited.
+func (p *GroupFC) UpEvent(ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvSuspect:
+		as, _ := ev.Arg.([]stack.Address)
+		p.mu.Lock()
+		for _, a := range as {
+			p.downs[a] = true
+		}
+		p.mu.Unlock()
+	case stack.EvUnsuspect:
+		if a, ok := ev.Arg.(stack.Address); ok {
+			p.mu.Lock()
+			delete(p.downs, a)
+			p.mu.Unlock()
+		}
+	}
+	return p.PassUpEvent(ev)
 }
 
 // ---- introspection

@@ -1,0 +1,675 @@
+package groupfc
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// A harness of group state machines joined by hand-driven links: each
+// directed link has a FIFO unicast path (protocol messages, unicasts,
+// replicasts) and a multicast path the test may reorder. After every step
+// it checks the invariants of spec §9 on every member.
+
+type pkt struct {
+	h       *Header
+	payload int
+}
+
+type hnode struct {
+	name string
+	g    *group
+	got  []string // what the application was given, in order
+	hold bool     // the application does not read (the delayed-read hook)
+	held []*heldRead
+}
+
+type heldRead struct {
+	m    *member
+	blks int
+}
+
+type harness struct {
+	t     *testing.T
+	nodes map[stack.Address]*hnode
+	byNm  map[string]stack.Address
+	uni   map[[2]stack.Address][]pkt
+	mc    map[[2]stack.Address][]pkt
+	prev  map[stack.Address]map[stack.Address]State
+}
+
+func newHarness(t *testing.T, maxActive int, names ...string) *harness {
+	h := &harness{t: t, nodes: map[stack.Address]*hnode{}, byNm: map[string]stack.Address{},
+		uni: map[[2]stack.Address][]pkt{}, mc: map[[2]stack.Address][]pkt{}, prev: map[stack.Address]map[stack.Address]State{}}
+	for i, n := range names {
+		a := stack.NewAddress()
+		g := newGroup(a, uint64(i+1), false, true, maxActive)
+		g.mandatory, g.joined = true, true
+		h.nodes[a] = &hnode{name: n, g: g}
+		h.byNm[n] = a
+	}
+	return h
+}
+
+func (h *harness) a(n string) stack.Address { return h.byNm[n] }
+func (h *harness) n(n string) *hnode      { return h.nodes[h.byNm[n]] }
+func (h *harness) m(at, of string) *member { return h.n(at).g.members[h.a(of)] }
+func (h *harness) name(a stack.Address) string {
+	if n := h.nodes[a]; n != nil {
+		return n.name
+	}
+	return a.String()
+}
+
+// publish makes every listed member see every other (a view of them).
+func (h *harness) publish(names ...string) {
+	for _, x := range names {
+		for _, y := range names {
+			if x != y {
+				h.n(x).g.published(h.a(y))
+				h.after(x)
+			}
+		}
+	}
+}
+
+// after moves node x's outbox onto the links and delivers what is ready.
+func (h *harness) after(x string) {
+	nd := h.n(x)
+	for _, o := range nd.g.out {
+		k := [2]stack.Address{nd.g.self, o.to}
+		h.uni[k] = append(h.uni[k], pkt{h: o.h})
+	}
+	nd.g.out = nil
+	for _, m := range nd.g.nready {
+		for len(m.ready) > 0 {
+			it := m.ready[0]
+			m.ready = m.ready[1:]
+			if it.ev != nil {
+				nd.got = append(nd.got, it.ev.String2(h))
+				continue
+			}
+			p := it.m.Header(stack.IDGROUPFC).(*Header)
+			nd.got = append(nd.got, fmt.Sprintf("%s:%s%d", h.name(m.addr), strings.ToLower(p.Kind()), p.Seqno))
+			blks := blocks(len(it.m.Payload))
+			if nd.hold {
+				nd.held = append(nd.held, &heldRead{m, blks})
+			} else {
+				nd.g.read(m, blks)
+			}
+		}
+	}
+	nd.g.nready = nil
+	for _, o := range nd.g.out {
+		k := [2]stack.Address{nd.g.self, o.to}
+		h.uni[k] = append(h.uni[k], pkt{h: o.h})
+	}
+	nd.g.out = nil
+	h.check()
+}
+
+// readHeld lets x's application read what it held back.
+func (h *harness) readHeld(x string) {
+	nd := h.n(x)
+	held := nd.held
+	nd.held, nd.hold = nil, false
+	for _, r := range held {
+		nd.g.read(r.m, r.blks)
+	}
+	h.after(x)
+}
+
+// step delivers the next packet from x to y on the unicast (or multicast)
+// path; it reports whether there was one.
+func (h *harness) step(x, y string, mcast bool) bool {
+	k := [2]stack.Address{h.a(x), h.a(y)}
+	q := h.uni
+	if mcast {
+		q = h.mc
+	}
+	if len(q[k]) == 0 {
+		return false
+	}
+	p := q[k][0]
+	q[k] = q[k][1:]
+	g := h.n(y).g
+	if isData(p.h.Type) {
+		g.data(h.a(x), p.h, stack.NewMessage(h.a(y), make([]byte, p.payload)).PutHeader(stack.IDGROUPFC, p.h))
+	} else {
+		g.handleProto(h.a(x), p.h)
+	}
+	h.after(y)
+	return true
+}
+
+// settle delivers every queued packet, in any link order, until all links
+// are empty.
+func (h *harness) settle() {
+	for moved := true; moved; {
+		moved = false
+		for _, x := range h.names() {
+			for _, y := range h.names() {
+				for h.step(x, y, false) || h.step(x, y, true) {
+					moved = true
+				}
+			}
+		}
+	}
+}
+
+func (h *harness) names() []string {
+	var ns []string
+	for n := range h.byNm {
+		ns = append(ns, n)
+	}
+	slices.Sort(ns)
+	return ns
+}
+
+// bcast broadcasts size bytes from x if the windows allow it; it reports
+// whether it went out. Replicasts go on the unicast paths.
+func (h *harness) bcast(x string, size int) bool {
+	g := h.n(x).g
+	blks := blocks(size)
+	if g.bcCong(blks) {
+		h.after(x)
+		return false
+	}
+	ack := g.mandatory
+	hd := &Header{Type: typeBcast, Seqno: g.bcSndNxt, AckReq: ack}
+	for _, r := range g.sentBroadcast(blks, ack) {
+		k := [2]stack.Address{g.self, r.addr}
+		if ack {
+			h.uni[k] = append(h.uni[k], pkt{h: hd, payload: size})
+		} else {
+			h.mc[k] = append(h.mc[k], pkt{h: hd, payload: size})
+		}
+	}
+	h.after(x)
+	return true
+}
+
+// ucast unicasts size bytes from x to y if y's window allows it.
+func (h *harness) ucast(x, y string, size int) bool {
+	g := h.n(x).g
+	m := g.members[h.a(y)]
+	blks := blocks(size)
+	if m == nil || !m.isReceiver() || g.cong(m, blks) {
+		h.after(x)
+		return false
+	}
+	hd := &Header{Type: typeUcast, Seqno: g.bcSndNxt}
+	g.sentUnicast(m, blks)
+	k := [2]stack.Address{g.self, m.addr}
+	h.uni[k] = append(h.uni[k], pkt{h: hd, payload: size})
+	h.after(x)
+	return true
+}
+
+// check asserts the invariants of spec §9 on every member.
+func (h *harness) check() {
+	h.t.Helper()
+	for a, nd := range h.nodes {
+		checkGroup(h.t, nd.g)
+		prev := h.prev[a]
+		if prev == nil {
+			prev = map[stack.Address]State{}
+			h.prev[a] = prev
+		}
+		for ma, m := range nd.g.members {
+			if prev[ma] == Leaving {
+				require.Equal(h.t, Leaving, m.state, "%s: LEAVING member %s changed state", nd.name, h.name(ma))
+			}
+			prev[ma] = m.state
+		}
+		for ma := range prev {
+			if nd.g.members[ma] == nil {
+				delete(prev, ma)
+			}
+		}
+	}
+}
+
+func checkGroup(t *testing.T, g *group) {
+	t.Helper()
+	require.True(t, slices.IsSortedFunc(g.smallWin, func(a, b *member) int { return a.window - b.window }), "small_win sorted")
+	want := 0
+	for _, m := range g.members {
+		if m.isReceiver() && m.addr != g.self && m.window < advIdle {
+			want++
+			require.True(t, m.inSmall && slices.Contains(g.smallWin, m), "receiver with window %d on small_win", m.window)
+		}
+	}
+	require.Len(t, g.smallWin, want, "small_win holds exactly the receivers below the idle window")
+	cnt, ackers := 0, 0
+	for _, m := range g.members {
+		switch m.state {
+		case Active:
+			require.True(t, slices.Contains(g.active, m), "ACTIVE member on the active list")
+		case Pending:
+			require.True(t, slices.Contains(g.pending, m), "PENDING member on the pending list")
+		}
+		if m.state == Active || m.state == Reclaiming || m.state == Remitted {
+			cnt++
+		}
+		if m.ackPending {
+			ackers++
+		}
+	}
+	for _, m := range g.active {
+		require.Equal(t, Active, m.state)
+		require.False(t, slices.Contains(g.pending, m), "active and pending disjoint")
+	}
+	for _, m := range g.pending {
+		require.Equal(t, Pending, m.state)
+	}
+	for _, l := range [][]*member{g.smallWin, g.active, g.pending} {
+		for _, m := range l {
+			require.Same(t, m, g.members[m.addr], "no list references a deleted member")
+		}
+	}
+	require.Equal(t, cnt, g.activeCnt, "active_cnt counts ACTIVE, RECLAIMING and REMITTED")
+	require.Equal(t, ackers, g.bcAckers, "bc_ackers counts the receivers yet to ack")
+	require.GreaterOrEqual(t, g.bcAckers, 0)
+}
+
+// String2 names an event with the harness's member names.
+func (e *Event) String2(h *harness) string {
+	switch {
+	case e.Up:
+		return "UP(" + h.name(e.Member) + ")"
+	case e.Graceful:
+		return "DOWN(" + h.name(e.Member) + ",left)"
+	}
+	return "DOWN(" + h.name(e.Member) + ",lost)"
+}
+
+// joinAll publishes the members to each other and runs the JOIN exchange.
+func joinAll(h *harness, names ...string) {
+	h.publish(names...)
+	h.settle()
+	for _, x := range names {
+		for _, y := range names {
+			if x != y {
+				require.Equal(h.t, Joined, h.m(x, y).state, "%s sees %s joined", x, y)
+			}
+		}
+		h.n(x).got = nil
+	}
+}
+
+// ---- the scenarios of spec §9
+
+// 1: update_member takes a listed member out before sorting it back in.
+func TestSmallWindowListIsResortedAfterEveryCharge(t *testing.T) {
+	h := newHarness(t, 0, "S", "B", "C")
+	joinAll(h, "S", "B", "C")
+	g := h.n("S").g
+	b, c := h.m("S", "B"), h.m("S", "C")
+	g.updateMember(b, b.window-60)
+	g.updateMember(c, c.window-64)
+	h.check()
+	require.Equal(t, []*member{b, c}, g.smallWin)
+	require.True(t, h.ucast("S", "C", 10*1024-hdrSize-1)) // 10 blocks
+	require.Equal(t, 54, c.window)
+	require.Equal(t, []*member{c, b}, g.smallWin, "C (54) before B (60)")
+	require.True(t, g.bcCong(58), "a 58-block broadcast must wait for C")
+	require.False(t, h.bcast("S", 58*1024-hdrSize-1))
+}
+
+// 2: a JOIN takes the member off the small-window list whatever it brings.
+func TestJoinWithFullWindowClearsBroadcastCongestion(t *testing.T) {
+	h := newHarness(t, 0, "S", "B")
+	h.n("S").g.published(h.a("B"))
+	h.after("S")
+	b := h.m("S", "B")
+	require.Equal(t, Published, b.state)
+	require.Equal(t, []*member{b}, h.n("S").g.smallWin, "a PUBLISHED member has window 0")
+	h.n("B").g.published(h.a("S"))
+	h.after("B")
+	h.settle()
+	require.Equal(t, Joined, b.state)
+	require.Empty(t, h.n("S").g.smallWin)
+	require.False(t, h.n("S").g.bcCong(65), "no false broadcast congestion")
+}
+
+// 3: a LEAVING member is off the active and pending lists, so it is never
+// picked for reclaim, and its DOWN comes.
+func TestLeavingMemberIsNeverReclaimed(t *testing.T) {
+	h := newHarness(t, 4, "R", "L", "S1", "S2", "S3", "T")
+	joinAll(h, "R", "L", "S1", "S2", "S3", "T")
+	r := h.n("R").g
+	for _, n := range []string{"L", "S1", "S2", "S3"} {
+		m := h.m("R", n)
+		m.state = Active
+		r.appendList(m, inActive)
+		r.activeCnt++
+		m.advertised = advActive
+	}
+	h.check()
+	require.True(t, h.bcast("L", 0))
+	for h.step("L", "R", false) || h.step("L", "R", true) {
+	}
+	h.n("L").g.leaveAll()
+	h.after("L")
+	for h.step("L", "R", false) {
+	}
+	require.Len(t, r.active, 3, "L is off the active list")
+	require.Equal(t, 3, r.activeCnt)
+	require.True(t, h.ucast("T", "R", 100))
+	for h.step("T", "R", false) {
+	}
+	require.Equal(t, Active, h.m("R", "T").state, "T goes active")
+	require.Equal(t, Reclaiming, h.m("R", "S1").state, "the victim is the oldest active member, S1")
+	require.Nil(t, h.m("R", "L"), "L is deleted")
+	downs := 0
+	for _, s := range h.n("R").got {
+		if strings.HasPrefix(s, "DOWN(L") {
+			downs++
+		}
+	}
+	require.Equal(t, 1, downs, "exactly one DOWN(L): %v", h.n("R").got)
+}
+
+// 4: protocol messages from a member that is leaving or gone change
+// nothing.
+func TestProtocolMessagesFromLeavingOrDeletedMembersAreIgnored(t *testing.T) {
+	h := newHarness(t, 4, "A", "L")
+	joinAll(h, "A", "L")
+	a := h.n("A").g
+	// L leaves with a broadcast A has not seen yet, so its DOWN waits and
+	// L stays LEAVING.
+	require.True(t, h.bcast("L", 10))
+	h.uni[[2]stack.Address{h.a("L"), h.a("A")}] = nil // the replicast is late
+	h.n("L").g.leaveAll()
+	h.after("L")
+	for h.step("L", "A", false) {
+	}
+	l := h.m("A", "L")
+	require.Equal(t, Leaving, l.state)
+	before := *l
+	a.bcAckers, l.ackPending = 0, false
+	for _, hd := range []*Header{{Type: typeAdv, N: 500}, {Type: typeAck, N: 9}, {Type: typeReclaim}, {Type: typeRemit, N: 3}} {
+		a.handleProto(h.a("L"), hd)
+		h.after("A")
+	}
+	require.Equal(t, Leaving, l.state)
+	require.Equal(t, before.window, l.window)
+	require.Empty(t, h.uni[[2]stack.Address{h.a("A"), h.a("L")}], "no REMIT or anything else sent back")
+	require.Zero(t, a.bcAckers)
+	// Deleted: no resurrection.
+	a.lost(l)
+	h.after("A")
+	require.Nil(t, h.m("A", "L"))
+	for _, hd := range []*Header{{Type: typeAdv, N: 500}, {Type: typeAck, N: 9}, {Type: typeReclaim}, {Type: typeRemit, N: 3}, {Type: typeLeave, Seqno: 4}} {
+		a.handleProto(h.a("L"), hd)
+		h.after("A")
+	}
+	require.Nil(t, h.m("A", "L"), "a deleted member does not come back")
+	require.False(t, a.data(h.a("L"), &Header{Type: typeBcast, Seqno: 1}, stack.NewMessage(h.a("A"), nil)), "late data from a deleted member is dropped")
+}
+
+// 5a: a graceful leave, LEAVE and withdrawal in either order: exactly one
+// DOWN, after every broadcast below the sync point.
+func TestGracefulLeaveGivesOneDownAfterItsBroadcasts(t *testing.T) {
+	for _, leaveFirst := range []bool{true, false} {
+		t.Run(fmt.Sprint("leave_first=", leaveFirst), func(t *testing.T) {
+			h := newHarness(t, 0, "A", "B")
+			joinAll(h, "A", "B")
+			require.True(t, h.bcast("B", 10)) // replicast
+			h.settle()
+			require.True(t, h.bcast("B", 10)) // multicast path, held back
+			h.n("B").g.leaveAll()
+			h.after("B")
+			if !leaveFirst {
+				h.n("A").g.withdrawn(h.a("B"), false)
+				h.after("A")
+			}
+			for h.step("B", "A", false) {
+			}
+			if leaveFirst {
+				h.n("A").g.withdrawn(h.a("B"), false)
+				h.after("A")
+			}
+			require.Equal(t, []string{"UP(B)", "B:bcast1"}[1:], h.n("A").got[:1], "DOWN waits for broadcast 2")
+			for h.step("B", "A", true) {
+			}
+			require.Equal(t, []string{"B:bcast1", "B:bcast2", "DOWN(B,left)"}, h.n("A").got)
+			require.Nil(t, h.m("A", "B"))
+		})
+	}
+}
+
+// 5b: node loss: withdrawal without LEAVE gives DOWN at once; the member
+// is out of broadcast accounting, and a rejoin creates a fresh member.
+func TestLostMemberIsDownAtOnceAndRejoinsFresh(t *testing.T) {
+	h := newHarness(t, 0, "A", "B", "C")
+	joinAll(h, "A", "B", "C")
+	a := h.n("A").g
+	require.True(t, h.ucast("A", "B", 10))
+	require.True(t, h.bcast("A", 10)) // replicast with ack request: B and C counted
+	require.Equal(t, 2, a.bcAckers)
+	h.uni[[2]stack.Address{h.a("A"), h.a("B")}] = nil // B's node is gone
+	a.withdrawn(h.a("B"), true)
+	h.after("A")
+	require.Nil(t, h.m("A", "B"), "B deleted")
+	require.Equal(t, []string{"DOWN(B,lost)"}, h.n("A").got)
+	require.Equal(t, 1, a.bcAckers, "B left broadcast accounting")
+	h.settle()
+	require.False(t, a.bcCong(1))
+	a.handleProto(h.a("B"), &Header{Type: typeJoin, Seqno: 1, Instance: 2, N: 65})
+	h.after("A")
+	require.Equal(t, Joining, h.m("A", "B").state, "a rejoin is a fresh member")
+}
+
+// 6: only receivers that may ack are counted in bc_ackers.
+func TestBroadcastAckersCountOnlyEnabledReceivers(t *testing.T) {
+	for _, variant := range []string{"joining", "leaving"} {
+		t.Run(variant, func(t *testing.T) {
+			h := newHarness(t, 0, "A", "B", "C")
+			joinAll(h, "A", "B")
+			a := h.n("A").g
+			if variant == "joining" {
+				a.handleProto(h.a("C"), &Header{Type: typeJoin, Seqno: 1, Instance: 3, N: 65})
+			} else {
+				h.publish("A", "C")
+				h.settle()
+				a.handleProto(h.a("C"), &Header{Type: typeLeave, Seqno: 1})
+			}
+			h.after("A")
+			require.True(t, h.ucast("A", "B", 10))
+			require.True(t, h.bcast("A", 10))
+			require.Equal(t, 1, a.bcAckers, "only B acks")
+			h.settle()
+			require.Zero(t, a.bcAckers)
+			require.True(t, h.bcast("A", 10), "the next broadcast does not block")
+		})
+	}
+}
+
+// 7: DOWN is held until every broadcast below the LEAVE's sync point.
+func TestDownWaitsForBroadcastsBelowLeaveSyncPoint(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	b := h.n("B").g
+	b.bcSndNxt = 10
+	h.m("A", "B").bcRcvNxt = 10
+	b.mandatory = false
+	require.True(t, h.bcast("B", 10))
+	require.True(t, h.bcast("B", 10))
+	b.leaveAll()
+	h.after("B")
+	k := [2]stack.Address{h.a("B"), h.a("A")}
+	late := h.mc[k][1]
+	h.mc[k] = h.mc[k][:1]
+	h.settle()
+	require.Equal(t, []string{"B:bcast10"}, h.n("A").got, "DOWN held behind broadcast 11")
+	h.mc[k] = append(h.mc[k], late)
+	h.settle()
+	require.Equal(t, []string{"B:bcast10", "B:bcast11", "DOWN(B,left)"}, h.n("A").got)
+}
+
+// 8: a unicast is delivered after the broadcasts before it, and the
+// broadcast after a unicast waits for every ack before the next one.
+func TestUnicastAndBroadcastsKeepTheSendersOrder(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	b := h.n("B").g
+	b.mandatory = false
+	b.bcSndNxt = 5
+	h.m("A", "B").bcRcvNxt = 5
+	require.True(t, h.ucast("B", "A", 10))  // U(5)
+	require.True(t, h.bcast("B", 10))       // B5: replicast with ack request
+	require.False(t, h.bcast("B", 10), "B6 waits for the ack of B5")
+	// B6 overtakes B5 at A: deliver B's unicast-path packets one by one,
+	// with B6 injected between U(5) and B5.
+	require.True(t, h.step("B", "A", false)) // U(5)
+	b6 := &Header{Type: typeBcast, Seqno: 6}
+	h.n("A").g.data(h.a("B"), b6, stack.NewMessage(h.a("A"), nil).PutHeader(stack.IDGROUPFC, b6))
+	h.after("A")
+	h.settle()
+	require.Equal(t, []string{"B:ucast5", "B:bcast5", "B:bcast6"}, h.n("A").got)
+	require.True(t, h.bcast("B", 10), "after the ack B may broadcast again")
+}
+
+// 9: broadcasts below the sync point are dropped; UP comes before the
+// first one at or above it.
+func TestUpComesBeforeTheFirstBroadcastAtTheSyncPoint(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	b := h.n("B").g
+	b.bcSndNxt = 7
+	joinAll(h, "A", "B")
+	h.n("A").g.events = true
+	old := &Header{Type: typeBcast, Seqno: 6}
+	require.False(t, h.n("A").g.data(h.a("B"), old, stack.NewMessage(h.a("A"), nil).PutHeader(stack.IDGROUPFC, old)), "below the sync point")
+	h2 := newHarness(t, 0, "A", "B")
+	h2.n("B").g.bcSndNxt = 7
+	h2.publish("A", "B")
+	h2.settle()
+	require.True(t, h2.bcast("B", 10))
+	h2.settle()
+	require.Equal(t, []string{"UP(B)", "B:bcast7"}, h2.n("A").got)
+}
+
+// 10: no use after delete: late messages after deletion are ignored, own
+// leave purges every queue, a duplicate ACK counts once.
+func TestNothingReachesADeletedMember(t *testing.T) {
+	h := newHarness(t, 0, "A", "B", "C")
+	joinAll(h, "A", "B", "C")
+	a := h.n("A").g
+	require.True(t, h.ucast("A", "B", 10))
+	require.True(t, h.bcast("A", 10))
+	require.Equal(t, 2, a.bcAckers)
+	a.handleProto(h.a("B"), &Header{Type: typeAck, N: 2})
+	a.handleProto(h.a("B"), &Header{Type: typeAck, N: 2})
+	h.after("A")
+	require.Equal(t, 1, a.bcAckers, "a duplicate ACK is a no-op")
+	// C's broadcast sits in A's queue behind a gap; A leaves: all purged.
+	hd := &Header{Type: typeBcast, Seqno: 5}
+	require.True(t, a.data(h.a("C"), hd, stack.NewMessage(h.a("A"), nil).PutHeader(stack.IDGROUPFC, hd)))
+	require.Len(t, h.m("A", "C").deferred, 1)
+	c := h.m("A", "C")
+	a.leaveAll()
+	h.after("A")
+	require.Empty(t, c.deferred, "own leave purges every deferred queue")
+	require.Empty(t, a.members)
+	a.handleProto(h.a("C"), &Header{Type: typeAdv, N: 65})
+	a.handleProto(h.a("C"), &Header{Type: typeAck, N: 1})
+	h.after("A")
+	require.Empty(t, a.members)
+}
+
+// 11: many senders, one receiver: the JOINED path activates first and
+// reclaims second; REMIT with messages unread gives REMITTED, then JOINED
+// and the oldest PENDING goes ACTIVE; with nobody to reclaim from the
+// oldest PENDING reverts to JOINED. Never more than max_active+1 active, and
+// no window is overrun.
+func TestManySendersOneReceiverReclaimAndRemit(t *testing.T) {
+	names := []string{"R"}
+	for i := range 8 {
+		names = append(names, fmt.Sprint("S", i))
+	}
+	h := newHarness(t, 4, names...)
+	joinAll(h, names...)
+	r := h.n("R").g
+	h.n("R").hold = true
+	maxSeen := 0
+	sent := map[string]int{}
+	for round := range 30 {
+		for _, s := range names[1:] {
+			if h.ucast(s, "R", 1000) {
+				sent[s]++
+			}
+		}
+		h.settle()
+		maxSeen = max(maxSeen, r.activeCnt)
+		for _, m := range r.members {
+			require.LessOrEqual(t, 0, m.advertised+advActive, "no window overrun")
+		}
+		for _, s := range names[1:] {
+			require.GreaterOrEqual(t, h.m(s, "R").window, 0, "%s never overran R's window", s)
+		}
+		if round%3 == 2 {
+			h.readHeld("R")
+			h.n("R").hold = true
+		}
+	}
+	h.readHeld("R")
+	h.settle()
+	require.LessOrEqual(t, maxSeen, 4+1, "at most max_active+1 active")
+	require.Positive(t, r.reclaims, "R reclaimed")
+	total := 0
+	for _, n := range sent {
+		total += n
+	}
+	require.Len(t, h.n("R").got, total, "every message delivered")
+	for _, s := range names[1:] {
+		require.Positive(t, sent[s], "%s got to send", s)
+	}
+}
+
+// REMITTED, then JOINED with the oldest PENDING made ACTIVE (part of 11).
+func TestRemitWithUnreadMessagesGoesRemittedThenJoined(t *testing.T) {
+	h := newHarness(t, 4, "R", "V", "P")
+	joinAll(h, "R", "V", "P")
+	r := h.n("R").g
+	v, p := h.m("R", "V"), h.m("R", "P")
+	v.state, v.advertised = Reclaiming, 300
+	r.activeCnt = 1
+	p.state = Pending
+	r.appendList(p, inPending)
+	h.check()
+	r.handleProto(h.a("V"), &Header{Type: typeRemit, N: 200})
+	h.after("R")
+	require.Equal(t, Remitted, v.state, "messages sent before the REMIT are unread")
+	require.Equal(t, advIdle+100, v.advertised)
+	r.read(v, 100)
+	h.after("R")
+	require.Equal(t, Joined, v.state)
+	require.Equal(t, Active, p.state, "the oldest pending member goes active")
+	adv := h.uni[[2]stack.Address{h.a("R"), h.a("P")}]
+	require.NotEmpty(t, adv)
+	require.Equal(t, uint8(typeAdv), adv[len(adv)-1].h.Type)
+}
+
+// With nothing to reclaim from, the oldest PENDING reverts to JOINED with
+// an ADV (part of 11).
+func TestPendingRevertsToJoinedWhenNobodyCanBeReclaimed(t *testing.T) {
+	h := newHarness(t, 1, "R", "A", "B", "C")
+	joinAll(h, "R", "A", "B", "C")
+	r := h.n("R").g
+	a, b, c := h.m("R", "A"), h.m("R", "B"), h.m("R", "C")
+	a.state = Reclaiming
+	b.state = Remitted
+	r.activeCnt = 2
+	h.check()
+	r.read(c, 1)
+	h.after("R")
+	require.Equal(t, Joined, c.state, "C could not go active and nobody is left to reclaim from")
+	require.Empty(t, r.pending)
+}
