@@ -63,6 +63,7 @@ type member struct {
 
 	// Receiving side.
 	advertised int    // blocks granted minus blocks read
+	unread     int    // blocks received and not yet read (never above advertised)
 	bcRcvNxt   uint64 // next broadcast seqno expected
 	bcSyncpt   uint64 // from JOIN, then from LEAVE
 	deferred   []*item
@@ -126,6 +127,9 @@ type group struct {
 	nready []*member
 
 	reclaims, remits, acks int64
+	overruns                 int64 // data beyond what was advertised (a sender broke the window)
+	activePeak               int
+	unreadBytes, unreadPeak  int64 // received from all members and not yet read
 }
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
@@ -443,6 +447,12 @@ func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
 		return false // below the sync point, or a duplicate
 	}
 	it := &item{typ: h.Type, seqno: h.Seqno, m: msg, ack: h.AckReq}
+	m.unread += blocks(len(msg.Payload))
+	if m.unread > m.advertised && m.state != Leaving {
+		g.overruns++
+	}
+	g.unreadBytes += int64(len(msg.Payload))
+	g.unreadPeak = max(g.unreadPeak, g.unreadBytes)
 	if h.Type == typeUcast {
 		m.deferred = append(m.deferred, it)
 	} else {
@@ -494,7 +504,7 @@ func (g *group) filter(m *member) {
 			return
 		}
 		if update {
-			g.read(m, blocks(len(it.m.Payload)))
+			g.read(m, len(it.m.Payload))
 		}
 	}
 }
@@ -516,15 +526,19 @@ func (g *group) remove(m *member) {
 	g.wake = true
 }
 
-// read is the application taking blks blocks from m (spec §4,
-// update_rcv_win).
-func (g *group) read(m *member, blks int) {
+// read is the application taking a message of size bytes from m (spec
+// §4, update_rcv_win).
+func (g *group) read(m *member, size int) {
+	g.unreadBytes -= int64(size)
 	if m.deleted {
 		return
 	}
+	blks := blocks(size)
 	maxActive, reclaimLimit := g.limits()
 	activeCnt := g.activeCnt
 	m.advertised -= blks
+	m.unread -= blks
+	defer func() { g.activePeak = max(g.activePeak, g.activeCnt) }()
 	switch m.state {
 	case Joined:
 		if activeCnt <= maxActive {

@@ -31,7 +31,7 @@ type hnode struct {
 
 type heldRead struct {
 	m    *member
-	blks int
+	size int
 }
 
 type harness struct {
@@ -57,8 +57,8 @@ func newHarness(t *testing.T, maxActive int, names ...string) *harness {
 }
 
 func (h *harness) a(n string) stack.Address { return h.byNm[n] }
-func (h *harness) n(n string) *hnode      { return h.nodes[h.byNm[n]] }
-func (h *harness) m(at, of string) *member { return h.n(at).g.members[h.a(of)] }
+func (h *harness) n(n string) *hnode        { return h.nodes[h.byNm[n]] }
+func (h *harness) m(at, of string) *member  { return h.n(at).g.members[h.a(of)] }
 func (h *harness) name(a stack.Address) string {
 	if n := h.nodes[a]; n != nil {
 		return n.name
@@ -96,11 +96,11 @@ func (h *harness) after(x string) {
 			}
 			p := it.m.Header(stack.IDGROUPFC).(*Header)
 			nd.got = append(nd.got, fmt.Sprintf("%s:%s%d", h.name(m.addr), strings.ToLower(p.Kind()), p.Seqno))
-			blks := blocks(len(it.m.Payload))
+			size := len(it.m.Payload)
 			if nd.hold {
-				nd.held = append(nd.held, &heldRead{m, blks})
+				nd.held = append(nd.held, &heldRead{m, size})
 			} else {
-				nd.g.read(m, blks)
+				nd.g.read(m, size)
 			}
 		}
 	}
@@ -119,7 +119,7 @@ func (h *harness) readHeld(x string) {
 	held := nd.held
 	nd.held, nd.hold = nil, false
 	for _, r := range held {
-		nd.g.read(r.m, r.blks)
+		nd.g.read(r.m, r.size)
 	}
 	h.after(x)
 }
@@ -276,6 +276,7 @@ func checkGroup(t *testing.T, g *group) {
 	require.Equal(t, cnt, g.activeCnt, "active_cnt counts ACTIVE, RECLAIMING and REMITTED")
 	require.Equal(t, ackers, g.bcAckers, "bc_ackers counts the receivers yet to ack")
 	require.GreaterOrEqual(t, g.bcAckers, 0)
+	require.Zero(t, g.overruns, "no sender went beyond the window it was given")
 }
 
 // String2 names an event with the harness's member names.
@@ -523,8 +524,8 @@ func TestUnicastAndBroadcastsKeepTheSendersOrder(t *testing.T) {
 	b.mandatory = false
 	b.bcSndNxt = 5
 	h.m("A", "B").bcRcvNxt = 5
-	require.True(t, h.ucast("B", "A", 10))  // U(5)
-	require.True(t, h.bcast("B", 10))       // B5: replicast with ack request
+	require.True(t, h.ucast("B", "A", 10)) // U(5)
+	require.True(t, h.bcast("B", 10))      // B5: replicast with ack request
 	require.False(t, h.bcast("B", 10), "B6 waits for the ack of B5")
 	// B6 overtakes B5 at A: deliver B's unicast-path packets one by one,
 	// with B6 injected between U(5) and B5.
@@ -648,7 +649,7 @@ func TestRemitWithUnreadMessagesGoesRemittedThenJoined(t *testing.T) {
 	h.after("R")
 	require.Equal(t, Remitted, v.state, "messages sent before the REMIT are unread")
 	require.Equal(t, advIdle+100, v.advertised)
-	r.read(v, 100)
+	r.read(v, 100*blockSize-hdrSize-1)
 	h.after("R")
 	require.Equal(t, Joined, v.state)
 	require.Equal(t, Active, p.state, "the oldest pending member goes active")

@@ -565,13 +565,15 @@ func (p *GroupFC) drain(m *member) {
 			if h != nil {
 				d.Header = *h
 			}
-			it.m.PutHeader(p.ID(), d)
+			// A copy: the layers below keep the message for retransmission.
+			up := it.m.Copy()
+			up.PutHeader(p.ID(), d)
 			p.delivered_.Add(1)
-			p.PassUp(it.m)
+			p.PassUp(up)
 		}
 		p.mu.Lock()
 		if it.ev == nil && p.g != nil {
-			p.g.read(m, blocks(len(it.m.Payload)))
+			p.g.read(m, len(it.m.Payload))
 			out := p.takeOut()
 			if len(out) > 0 {
 				p.mu.Unlock()
@@ -714,12 +716,14 @@ func (p *GroupFC) Members() []MemberInfo {
 func (p *GroupFC) Stats() []stack.Stat {
 	p.mu.Lock()
 	var members, active, pending, deferred, small, reclaims, remits, acks int64
+	var activePeak, unread, unreadPeak, overruns int64
 	if g := p.g; g != nil {
 		members, active, pending, small = int64(len(g.members)), int64(g.activeCnt), int64(len(g.pending)), int64(len(g.smallWin))
 		for _, m := range g.members {
 			deferred += int64(len(m.deferred))
 		}
 		reclaims, remits, acks = g.reclaims, g.remits, g.acks
+		activePeak, unread, unreadPeak, overruns = int64(g.activePeak), g.unreadBytes, g.unreadPeak, g.overruns
 	}
 	p.mu.Unlock()
 	return []stack.Stat{
@@ -731,6 +735,10 @@ func (p *GroupFC) Stats() []stack.Stat {
 		{Name: "reclaims_sent", Value: reclaims},
 		{Name: "remits_sent", Value: remits},
 		{Name: "acks_received", Value: acks},
+		{Name: "active_senders_peak", Value: activePeak},
+		{Name: "unread_bytes", Value: unread},
+		{Name: "unread_bytes_peak", Value: unreadPeak},
+		{Name: "window_overruns", Value: overruns},
 		{Name: "delivered", Value: p.delivered_.Load()},
 		{Name: "blocked_sends", Value: p.blockedSends.Load()},
 		{Name: "blocked_ms", Value: p.blockedNanos.Load() / 1e6},

@@ -1,0 +1,333 @@
+package groupfc_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/protocols/groupfc"
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/protocols/sim"
+	"github.com/strata-go/strata/protocols/unicast2"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+// cluster starts n members over SIM with NAKACK, UNICAST2 and GROUPFC
+// (cfg(i) configures member i's GROUPFC) and one injected view.
+func cluster(t *testing.T, n int, seed uint64, cfg func(i int) groupfc.Config) (*stacktest.Cluster, []*groupfc.GroupFC) {
+	t.Helper()
+	gs := make([]*groupfc.GroupFC, n)
+	c := stacktest.StartSIM(t, n, seed, func(i int) []stack.Protocol {
+		nc := nakack.DefaultConfig()
+		nc.XmitInterval = 100 * time.Millisecond
+		uc := unicast2.DefaultConfig()
+		uc.XmitInterval = 100 * time.Millisecond
+		gs[i] = groupfc.New(cfg(i))
+		return []stack.Protocol{nakack.New(nc), unicast2.New(uc), gs[i]}
+	})
+	return c, gs
+}
+
+// events returns the membership events c was given.
+func events(c *stacktest.Collector) []groupfc.Event {
+	var out []groupfc.Event
+	for _, m := range c.Messages() {
+		if ev, ok := groupfc.EventOf(m); ok {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func payloads(c *stacktest.Collector) []string {
+	var out []string
+	for _, m := range c.Messages() {
+		if _, ok := groupfc.EventOf(m); !ok {
+			out = append(out, string(m.Payload))
+		}
+	}
+	return out
+}
+
+func TestSendModesReachTheRightMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		insts := []uint64{1, 1, 2, 3}
+		c, gs := cluster(t, 4, 1, func(i int) groupfc.Config {
+			cfg := groupfc.DefaultConfig()
+			cfg.Instance, cfg.MemberEvents = insts[i], true
+			cfg.Loopback = i == 0
+			return cfg
+		})
+		ctx := t.Context()
+		addrs := c.Addresses()
+		synctest.Wait()
+		for i, r := range c.Recv {
+			require.Len(t, events(r), 3, "member %d: UP of every other member", i)
+		}
+		require.NoError(t, gs[1].Broadcast(ctx, []byte("bcast")))
+		require.NoError(t, gs[2].Multicast(ctx, 1, []byte("to-1")))
+		require.NoError(t, gs[3].Multicast(ctx, 2, []byte("to-2")))
+		first, err := gs[3].Anycast(ctx, 1, []byte("any-1"))
+		require.NoError(t, err)
+		second, err := gs[3].Anycast(ctx, 1, []byte("any-2"))
+		require.NoError(t, err)
+		require.NotEqual(t, first, second, "anycast goes round robin over the instance's members")
+		require.ElementsMatch(t, []stack.Address{addrs[0], addrs[1]}, []stack.Address{first, second})
+		require.NoError(t, gs[2].Unicast(ctx, addrs[3], []byte("uni")))
+		synctest.Wait()
+		require.Subset(t, payloads(c.Recv[0]), []string{"bcast", "to-1"}, "A: the broadcast and the multicast to its instance")
+		require.Contains(t, payloads(c.Recv[1]), "to-1")
+		require.NotContains(t, payloads(c.Recv[1]), "bcast", "no loopback: B does not get its own broadcast")
+		require.ElementsMatch(t, []string{"bcast", "to-2"}, payloads(c.Recv[2]), "C: the broadcast and the multicast to instance 2 (a unicast)")
+		require.ElementsMatch(t, []string{"bcast", "uni"}, payloads(c.Recv[3]), "D: the broadcast and the unicast")
+		require.NotContains(t, payloads(c.Recv[3]), "to-1")
+
+		// Loopback: A is a candidate for its own multicast and broadcast.
+		require.NoError(t, gs[0].Broadcast(ctx, []byte("own")))
+		synctest.Wait()
+		require.Contains(t, payloads(c.Recv[0]), "own")
+		for _, m := range c.Recv[2].Messages() {
+			if string(m.Payload) == "bcast" {
+				inst, ok := groupfc.SenderInstance(m)
+				require.True(t, ok)
+				require.EqualValues(t, 1, inst, "the sender's instance comes with the message")
+			}
+		}
+
+		require.ErrorIs(t, gs[0].Multicast(ctx, 9, []byte("x")), groupfc.ErrHostUnreachable)
+		_, err = gs[0].Anycast(ctx, 9, []byte("x"))
+		require.ErrorIs(t, err, groupfc.ErrHostUnreachable)
+		require.ErrorIs(t, gs[0].Unicast(ctx, stack.NewAddress(), []byte("x")), groupfc.ErrHostUnreachable)
+		require.ErrorIs(t, gs[0].Broadcast(ctx, make([]byte, groupfc.MaxMessageSize+1)), groupfc.ErrTooLarge)
+		require.NoError(t, gs[0].Broadcast(ctx, make([]byte, groupfc.MaxMessageSize)), "the largest message fits an idle window")
+	})
+}
+
+// slowReceiver reads one message per delay (virtual time), and counts.
+type slowReceiver struct {
+	*stacktest.Collector
+	delay  time.Duration
+	n      atomic.Int64
+	onRead func()
+}
+
+func (s *slowReceiver) Receive(m *stack.Message) {
+	if _, ok := groupfc.EventOf(m); !ok {
+		if s.onRead != nil {
+			s.onRead()
+		}
+		time.Sleep(s.delay)
+		s.n.Add(1)
+	}
+	s.Collector.Receive(m)
+}
+
+// TestManySendersOneReceiver: 100 members send to one receiver as fast as
+// they can. Nothing is lost, no window is overrun, at most max_active+1
+// senders are active at the receiver, and what it holds unread stays under
+// what the windows allow: max_active large windows and idle ones for the
+// rest.
+func TestManySendersOneReceiver(t *testing.T) {
+	const n, per, size = 100, 100, 4000
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, n, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		slow := &slowReceiver{Collector: c.Recv[0], delay: 200 * time.Microsecond}
+		// Bytes sent and not yet read by the receiver's application: what
+		// the receiver holds, wherever in its stack, plus what is on the
+		// way. The windows bound it.
+		var sent, peak atomic.Int64
+		slow.onRead = func() {
+			out := sent.Load() - slow.n.Load()*size
+			for p := peak.Load(); out > p && !peak.CompareAndSwap(p, out); p = peak.Load() {
+			}
+		}
+		c.Channels[0].SetReceiver(slow)
+		synctest.Wait()
+		dest := c.Addresses()[0]
+		var wg sync.WaitGroup
+		for i := 1; i < n; i++ {
+			wg.Go(func() {
+				for s := range per {
+					require.NoError(t, gs[i].Unicast(t.Context(), dest, stacktest.Payload(i, s, size)))
+					sent.Add(size)
+				}
+			})
+		}
+		wg.Wait()
+		stacktest.WaitFor(t, time.Minute, func() bool { return slow.n.Load() == (n-1)*per }, "every message read")
+		for i := 1; i < n; i++ {
+			require.Equal(t, seq(per), c.Recv[0].Seqs(c.Addresses()[i]), "member %d: every message once, in order", i)
+		}
+		r := gs[0]
+		maxActive := 16 // TIPC's formula for 101 members
+		require.Zero(t, stacktest.Stat(t, r, "window_overruns"))
+		require.LessOrEqual(t, stacktest.Stat(t, r, "active_senders_peak"), int64(maxActive+1))
+		bound := int64((maxActive+1)*780+(n-1-maxActive-1)*65) * 1024
+		t.Logf("receiver: peak sent-and-unread %d bytes (window bound %d), in GROUPFC's queues %d, active peak %d, reclaims %d",
+			peak.Load(), bound, stacktest.Stat(t, r, "unread_bytes_peak"), stacktest.Stat(t, r, "active_senders_peak"), stacktest.Stat(t, r, "reclaims_sent"))
+		require.Positive(t, peak.Load())
+		require.LessOrEqual(t, peak.Load(), bound, "the windows bound what the receiver must buffer")
+		require.Positive(t, stacktest.Stat(t, r, "reclaims_sent"), "with 99 senders the receiver reclaimed")
+		blocked := int64(0)
+		for _, g := range gs[1:] {
+			blocked += stacktest.Stat(t, g, "blocked_sends")
+		}
+		require.Positive(t, blocked, "senders were held back by the windows")
+	})
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// TestSlowReceiverThrottlesTheBroadcaster: one member broadcasts to three;
+// one of them reads slowly. The sender runs at that receiver's pace, never
+// more than a large window ahead of it, and nothing is lost.
+func TestSlowReceiverThrottlesTheBroadcaster(t *testing.T) {
+	const n, size = 2000, 1000
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 4, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		slow := &slowReceiver{Collector: c.Recv[3], delay: 10 * time.Millisecond}
+		c.Channels[3].SetReceiver(slow)
+		synctest.Wait()
+		perWindow := int64(780 / ((44+size)/1024 + 1))
+		start := time.Now()
+		for s := range n {
+			require.NoError(t, gs[0].Broadcast(t.Context(), stacktest.Payload(0, s, size)))
+			require.LessOrEqual(t, int64(s+1)-slow.n.Load(), perWindow+1, "the sender is never more than a window ahead of the slow receiver")
+		}
+		took := time.Since(start)
+		stacktest.WaitFor(t, time.Minute, func() bool { return slow.n.Load() == n }, "the slow receiver reads everything")
+		for i := 1; i < 4; i++ {
+			require.Equal(t, seq(n), c.Recv[i].Seqs(c.Addresses()[0]), "member %d", i)
+		}
+		t.Logf("%d broadcasts took %s; the slow receiver needs %s", n, took, time.Duration(n)*slow.delay)
+		require.GreaterOrEqual(t, took, time.Duration(n-int(perWindow)-1)*slow.delay, "throttled to the slow receiver's pace")
+		require.Positive(t, stacktest.Stat(t, gs[0], "blocked_sends"))
+	})
+}
+
+// TestBlockedSendToADepartedMember: a unicast waiting for a member's window
+// ends with ErrHostUnreachable when the member leaves the view; a Try call
+// says ErrWouldBlock while it waits.
+func TestBlockedSendToADepartedMember(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		stuck := make(chan struct{})
+		c.Channels[1].SetReceiver(stack.ReceiverFuncs{OnReceive: func(*stack.Message) { <-stuck }})
+		defer close(stuck)
+		synctest.Wait()
+		b := c.Addresses()[1]
+		sent := 0
+		for gs[0].TryUnicast(b, make([]byte, 1000)) == nil {
+			sent++
+		}
+		require.Positive(t, sent)
+		require.ErrorIs(t, gs[0].TryUnicast(b, make([]byte, 1000)), groupfc.ErrWouldBlock)
+		done := make(chan error, 1)
+		go func() { done <- gs[0].Unicast(context.Background(), b, make([]byte, 1000)) }()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("the send did not wait: %v", err)
+		default:
+		}
+		// B's node goes down: suspected, then a view without it.
+		_, _ = gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{b}))
+		addrs := c.Addresses()
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[2]), c.Channels[0], c.Channels[2])
+		require.ErrorIs(t, <-done, groupfc.ErrHostUnreachable)
+		require.ErrorIs(t, gs[0].Unicast(t.Context(), b, []byte("x")), groupfc.ErrHostUnreachable)
+	})
+}
+
+// TestMemberEventsComeInOrderWithMessages: UP before a member's first
+// broadcast, DOWN after its last, graceful when it disconnects.
+func TestMemberEventsComeInOrderWithMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
+			cfg := groupfc.DefaultConfig()
+			cfg.MemberEvents = true
+			return cfg
+		})
+		synctest.Wait()
+		for s := range 5 {
+			require.NoError(t, gs[2].Broadcast(t.Context(), []byte(fmt.Sprint("m", s))))
+		}
+		require.NoError(t, c.Channels[2].Disconnect(t.Context()))
+		synctest.Wait() // what C sent is in before the view without it
+		addrs := c.Addresses()
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0], c.Channels[1])
+		synctest.Wait()
+		for i := range 2 {
+			var seen []string
+			for _, m := range c.Recv[i].Messages() {
+				if ev, ok := groupfc.EventOf(m); ok {
+					if ev.Member == addrs[2] {
+						seen = append(seen, map[bool]string{true: "UP", false: "DOWN"}[ev.Up])
+						if !ev.Up {
+							require.True(t, ev.Graceful, "a disconnect is a graceful leave")
+						}
+					}
+					continue
+				}
+				if m.Src == addrs[2] {
+					seen = append(seen, string(m.Payload))
+				}
+			}
+			require.Equal(t, []string{"UP", "m0", "m1", "m2", "m3", "m4", "DOWN"}, seen, "member %d", i)
+		}
+	})
+}
+
+// TestBroadcastsUnderLossArriveOnceInOrder: 4 members broadcast over 10%
+// loss with GROUPFC's windows; every member gets every broadcast once, in
+// order, for every seed.
+func TestBroadcastsUnderLossArriveOnceInOrder(t *testing.T) {
+	const n, per = 4, 300
+	for seed := uint64(1); seed <= stacktest.Seeds(5); seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, gs := cluster(t, n, seed, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+				synctest.Wait()
+				c.Net.SetDefault(sim.Rule{Drop: 0.1})
+				var wg sync.WaitGroup
+				for i := range n {
+					wg.Go(func() {
+						for s := range per {
+							require.NoError(t, gs[i].Broadcast(t.Context(), stacktest.Payload(i, s, 2000)))
+						}
+					})
+				}
+				wg.Wait()
+				addrs := c.Addresses()
+				stacktest.WaitFor(t, 10*time.Minute, func() bool {
+					for _, r := range c.Recv {
+						if r.Len() < (n-1)*per {
+							return false
+						}
+					}
+					return true
+				}, "every broadcast delivered")
+				for i, r := range c.Recv {
+					for j, a := range addrs {
+						if i != j {
+							require.Equal(t, seq(per), r.Seqs(a), "member %d from %d", i, j)
+						}
+					}
+				}
+			})
+		})
+	}
+}
