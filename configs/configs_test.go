@@ -16,6 +16,7 @@ import (
 
 	"github.com/strata-go/strata/configs"
 	_ "github.com/strata-go/strata/protocols/all"
+	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -198,4 +199,37 @@ func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
 		}
 		return true
 	}, "every member counts 34")
+}
+
+// TestGroupFCConfigOnLoopback: three members from groupfc.toml, instances
+// 1, 2, 2: a broadcast reaches the others, an anycast to instance 2 goes
+// to one of its two members.
+func TestGroupFCConfigOnLoopback(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{
+		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
+		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
+	}
+	var chs []*stack.Channel
+	var cols []*stacktest.Collector
+	for i, inst := range []string{"1", "2", "2"} {
+		vars["STRATA_GROUP_INSTANCE"] = inst
+		col := stacktest.NewCollector()
+		ch, err := stack.NewChannelFromFSVars(configs.FS, "groupfc.toml", vars, stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ch.Close() })
+		chs, cols = append(chs, ch), append(cols, col)
+	}
+	for _, ch := range chs {
+		require.NoError(t, ch.Connect(t.Context(), "groupfc-cfg"))
+	}
+	stacktest.WaitForSameView(t, 30*time.Second, chs...)
+	g := groupfc.Of(chs[0])
+	require.NotNil(t, g)
+	require.NoError(t, g.Broadcast(t.Context(), []byte("hello")))
+	to, err := g.Anycast(t.Context(), 2, []byte("one of you"))
+	require.NoError(t, err)
+	require.Contains(t, []stack.Address{chs[1].Address(), chs[2].Address()}, to)
+	stacktest.WaitFor(t, 10*time.Second, func() bool { return cols[1].Len()+cols[2].Len() == 3 }, "the broadcast twice and the anycast once")
 }

@@ -126,10 +126,10 @@ type group struct {
 	wake   bool // a blocked sender may go on
 	nready []*member
 
-	reclaims, remits, acks int64
-	overruns                 int64 // data beyond what was advertised (a sender broke the window)
-	activePeak               int
-	unreadBytes, unreadPeak  int64 // received from all members and not yet read
+	reclaims, remits, acks  int64
+	overruns                int64 // data beyond what was advertised (a sender broke the window)
+	activePeak              int
+	unreadBytes, unreadPeak int64 // received from all members and not yet read
 }
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
@@ -208,6 +208,9 @@ func (g *group) updateMember(m *member, blks int) {
 		return
 	}
 	m.window -= blks
+	if m.window >= advIdle && !m.inSmall {
+		return
+	}
 	g.unlinkSmall(m)
 	if m.window >= advIdle {
 		return
@@ -566,7 +569,9 @@ func (g *group) read(m *member, size int) {
 		pm.state = Joined
 		g.send(pm, typeAdv)
 	case Active:
-		g.appendList(m, inActive) // to the tail: most recently active
+		if n := len(g.active); n == 0 || g.active[n-1] != m {
+			g.appendList(m, inActive) // to the tail: most recently active
+		}
 		if m.advertised <= advRefresh {
 			g.send(m, typeAdv)
 		}
@@ -616,8 +621,8 @@ func (g *group) sentUnicast(m *member, blks int) {
 	g.mandatory = true
 }
 
-// sentBroadcast charges every receiver; with ack it counts them as ackers.
-// It returns the receivers.
+// sentBroadcast charges every receiver; with ack it counts them as ackers
+// and returns them (the replicast's destinations).
 func (g *group) sentBroadcast(blks int, ack bool) []*member {
 	var rs []*member
 	for _, m := range g.members {
@@ -625,9 +630,9 @@ func (g *group) sentBroadcast(blks int, ack bool) []*member {
 			continue
 		}
 		g.updateMember(m, blks)
-		rs = append(rs, m)
 		if ack {
 			m.ackPending = true
+			rs = append(rs, m)
 		}
 	}
 	if ack {

@@ -182,7 +182,14 @@ func (h *harness) bcast(x string, size int) bool {
 	}
 	ack := g.mandatory
 	hd := &Header{Type: typeBcast, Seqno: g.bcSndNxt, AckReq: ack}
-	for _, r := range g.sentBroadcast(blks, ack) {
+	var to []*member
+	for _, m := range g.members {
+		if m.isReceiver() && m.addr != g.self {
+			to = append(to, m)
+		}
+	}
+	g.sentBroadcast(blks, ack)
+	for _, r := range to {
 		k := [2]stack.Address{g.self, r.addr}
 		if ack {
 			h.uni[k] = append(h.uni[k], pkt{h: hd, payload: size})

@@ -271,7 +271,7 @@ func (p *GroupFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, in
 	p.sendMu.Lock()
 	p.mu.Lock()
 	for {
-		if p.g == nil {
+		if p.g == nil || !p.g.joined {
 			p.mu.Unlock()
 			p.sendMu.Unlock()
 			return ErrNotJoined
@@ -322,7 +322,7 @@ func (p *GroupFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, in
 
 func (p *GroupFC) multicast(ctx context.Context, inst uint64, payload []byte, block bool) error {
 	p.mu.Lock()
-	if p.g == nil {
+	if p.g == nil || !p.g.joined {
 		p.mu.Unlock()
 		return ErrNotJoined
 	}
@@ -349,7 +349,7 @@ func (p *GroupFC) unicast(ctx context.Context, m *stack.Message, block bool) err
 	p.mu.Lock()
 	var r *member
 	for {
-		if p.g == nil {
+		if p.g == nil || !p.g.joined {
 			p.mu.Unlock()
 			p.sendMu.Unlock()
 			return ErrNotJoined
@@ -404,7 +404,7 @@ func (p *GroupFC) anycast(ctx context.Context, inst uint64, payload []byte, bloc
 	p.sendMu.Lock()
 	p.mu.Lock()
 	for {
-		if p.g == nil {
+		if p.g == nil || !p.g.joined {
 			p.mu.Unlock()
 			p.sendMu.Unlock()
 			return stack.Address{}, ErrNotJoined
@@ -611,18 +611,29 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	return p.PassDownEvent(ctx, ev)
 }
 
+// Start makes the group: a peer's JOIN may come before this member's
+// first view.
+func (p *GroupFC) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	self := p.LocalAddress()
+	p.g = newGroup(self, p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents, p.cfg.MaxActive)
+	p.g.mandatory = true
+	if p.cfg.Loopback {
+		me := p.g.create(self, Joined)
+		me.instance = p.cfg.Instance
+	}
+	return nil
+}
+
 func (p *GroupFC) viewChange(v *stack.View) {
 	self := p.LocalAddress()
 	p.mu.Lock()
 	if p.g == nil {
-		p.g = newGroup(self, p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents, p.cfg.MaxActive)
-		p.g.mandatory = true
-		p.g.joined = true
-		if p.cfg.Loopback {
-			me := p.g.create(self, Joined)
-			me.instance = p.cfg.Instance
-		}
+		p.mu.Unlock()
+		return // left
 	}
+	p.g.joined = true
 	p.view = v
 	g := p.g
 	for _, a := range v.Members {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/strata-go/strata/internal/grouptest"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/protocols/sim"
@@ -330,4 +331,56 @@ func TestBroadcastsUnderLossArriveOnceInOrder(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestGroupOverFullMembershipStack: members join one by one through GMS
+// (a JOIN may reach a member before its own first view); then every member
+// broadcasts and every other gets it, and a crashed member is DOWN (lost)
+// at the others.
+func TestGroupOverFullMembershipStack(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		gs := map[int]*groupfc.GroupFC{}
+		l.Top = func(i int) []stack.Protocol {
+			cfg := groupfc.DefaultConfig()
+			cfg.MemberEvents = true
+			gs[i] = groupfc.New(cfg)
+			return []stack.Protocol{gs[i]}
+		}
+		var ms []*grouptest.Member
+		for range 4 {
+			m := l.Add()
+			l.ConnectAll(m)
+			ms = append(ms, m)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms...) }, "one view")
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		for i := range ms {
+			require.NoError(t, gs[i].Broadcast(ctx, stacktest.Payload(i, 0, 100)), "member %d broadcasts", i)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for i, m := range ms {
+				for j, o := range ms {
+					if i != j && len(m.Col.Seqs(o.Addr())) != 1 {
+						return false
+					}
+				}
+			}
+			return true
+		}, "every broadcast everywhere")
+		l.Net.Cut(ms[3].Addr())
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, m := range ms[:3] {
+				found := false
+				for _, ev := range events(m.Col) {
+					found = found || (!ev.Up && ev.Member == ms[3].Addr() && !ev.Graceful)
+				}
+				if !found {
+					return false
+				}
+			}
+			return true
+		}, "the crashed member is DOWN (lost) everywhere")
+	})
 }
