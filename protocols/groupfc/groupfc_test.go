@@ -384,3 +384,46 @@ func TestGroupOverFullMembershipStack(t *testing.T) {
 		}, "the crashed member is DOWN (lost) everywhere")
 	})
 }
+
+// TestBlockedAnycastFindsAnotherMember: both members of an instance stop
+// reading, so an anycast waits; the one it waits for leaves the view, the
+// other reads again, and the anycast goes to it.
+func TestBlockedAnycastFindsAnotherMember(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, func(i int) groupfc.Config {
+			cfg := groupfc.DefaultConfig()
+			cfg.Instance = map[bool]uint64{true: 0, false: 5}[i == 0]
+			return cfg
+		})
+		stuck := []chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+		for i := 1; i < 3; i++ {
+			c.Channels[i].SetReceiver(stack.ReceiverFuncs{OnReceive: func(*stack.Message) { <-stuck[i] }})
+		}
+		synctest.Wait()
+		for {
+			if _, err := gs[0].TryAnycast(5, make([]byte, 1000)); err != nil {
+				require.ErrorIs(t, err, groupfc.ErrWouldBlock)
+				break
+			}
+		}
+		type result struct {
+			to  stack.Address
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			to, err := gs[0].Anycast(context.Background(), 5, make([]byte, 1000))
+			done <- result{to, err}
+		}()
+		synctest.Wait()
+		require.Empty(t, done, "the anycast waits")
+		addrs := c.Addresses()
+		_, _ = gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{addrs[1]}))
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[2]), c.Channels[0], c.Channels[2])
+		close(stuck[1])
+		close(stuck[2])
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, addrs[2], r.to, "the anycast went to the member still there")
+	})
+}
