@@ -89,11 +89,7 @@ func checkMulticasts(t *testing.T, chs []*stack.Channel, cols []*stacktest.Colle
 
 func TestUDPConfigFormsAFourMemberViewOnLoopback(t *testing.T) {
 	t.Parallel()
-	vars := map[string]string{
-		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
-		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
-		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
-	}
+	vars := mcastVars(t)
 	chs, cols, took := startFromConfig(t, "udp.toml", 4, vars)
 	t.Logf("udp.toml: 4 members in one view %s after start", took)
 	checkMulticasts(t, chs, cols)
@@ -110,6 +106,16 @@ func TestUDPNoMulticastConfigFormsAFourMemberViewOnLoopback(t *testing.T) {
 	chs, cols, took := startFromConfig(t, "udp-nomcast.toml", 4, vars)
 	t.Logf("udp-nomcast.toml: 4 members in one view %s after start", took)
 	checkMulticasts(t, chs, cols)
+}
+
+// mcastVars binds a shipped UDP config to a free port and its own
+// multicast group, so tests run in parallel and beside other programs.
+func mcastVars(t *testing.T) map[string]string {
+	return map[string]string{
+		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
+		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
+	}
 }
 
 func freePort(t *testing.T) int {
@@ -162,11 +168,7 @@ func (c *counter) get() int {
 // equals theirs, then stays equal as traffic goes on.
 func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
 	t.Parallel()
-	vars := map[string]string{
-		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
-		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
-		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
-	}
+	vars := mcastVars(t)
 	var chs []*stack.Channel
 	var cs []*counter
 	for i := range 4 {
@@ -206,11 +208,7 @@ func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
 // to one of its two members.
 func TestGroupFCConfigOnLoopback(t *testing.T) {
 	t.Parallel()
-	vars := map[string]string{
-		"STRATA_BIND_PORT":  strconv.Itoa(freePort(t)),
-		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
-		"STRATA_MCAST_PORT": strconv.Itoa(freePort(t)),
-	}
+	vars := mcastVars(t)
 	var chs []*stack.Channel
 	var cols []*stacktest.Collector
 	for i, inst := range []string{"1", "2", "2"} {

@@ -255,6 +255,31 @@ func (p *GroupFC) wait(ctx context.Context, block bool, since *time.Time) error 
 	return err
 }
 
+// acquire takes sendMu and mu and waits until ready says the send may go
+// (true) or must fail (an error); it returns holding both locks when the
+// send may go, and neither on an error.
+func (p *GroupFC) acquire(ctx context.Context, block bool, since *time.Time, ready func() (bool, error)) error {
+	p.sendMu.Lock()
+	p.mu.Lock()
+	for {
+		ok, err := false, ErrNotJoined
+		if p.g != nil && p.g.joined {
+			ok, err = ready()
+		}
+		if ok {
+			return nil
+		}
+		if err == nil {
+			err = p.wait(ctx, block, since)
+		}
+		if err != nil {
+			p.mu.Unlock()
+			p.sendMu.Unlock()
+			return err
+		}
+	}
+}
+
 func (p *GroupFC) endWait(since time.Time) {
 	if !since.IsZero() {
 		p.blockedNanos.Add(int64(time.Since(since)))
@@ -268,22 +293,8 @@ func (p *GroupFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, in
 	blks := blocks(len(m.Payload))
 	var since time.Time
 	defer func() { p.endWait(since) }()
-	p.sendMu.Lock()
-	p.mu.Lock()
-	for {
-		if p.g == nil || !p.g.joined {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return ErrNotJoined
-		}
-		if !p.g.bcCong(blks) {
-			break
-		}
-		if err := p.wait(ctx, block, &since); err != nil {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return err
-		}
+	if err := p.acquire(ctx, block, &since, func() (bool, error) { return !p.g.bcCong(blks), nil }); err != nil {
+		return err
 	}
 	g := p.g
 	ack := g.mandatory
@@ -345,30 +356,17 @@ func (p *GroupFC) unicast(ctx context.Context, m *stack.Message, block bool) err
 	blks := blocks(len(m.Payload))
 	var since time.Time
 	defer func() { p.endWait(since) }()
-	p.sendMu.Lock()
-	p.mu.Lock()
 	var r *member
-	for {
-		if p.g == nil || !p.g.joined {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return ErrNotJoined
-		}
+	err := p.acquire(ctx, block, &since, func() (bool, error) {
 		r = p.g.members[m.Dest]
 		if r == nil || !r.isReceiver() || (r.addr == p.g.self && !p.g.loopback) {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
 			p.unreachable.Add(1)
-			return ErrHostUnreachable
+			return false, ErrHostUnreachable
 		}
-		if !p.g.cong(r, blks) {
-			break
-		}
-		if err := p.wait(ctx, block, &since); err != nil {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return err
-		}
+		return !p.g.cong(r, blks), nil
+	})
+	if err != nil {
+		return err
 	}
 	return p.sendUnicastLocked(ctx, m, r, blks)
 }
@@ -401,43 +399,27 @@ func (p *GroupFC) anycast(ctx context.Context, inst uint64, payload []byte, bloc
 	blks := blocks(len(payload))
 	var since time.Time
 	defer func() { p.endWait(since) }()
-	p.sendMu.Lock()
-	p.mu.Lock()
-	for {
-		if p.g == nil || !p.g.joined {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return stack.Address{}, ErrNotJoined
-		}
+	var pick *member
+	err := p.acquire(ctx, block, &since, func() (bool, error) {
 		rs := p.g.receivers(inst)
 		if len(rs) == 0 {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
 			p.unreachable.Add(1)
-			return stack.Address{}, ErrHostUnreachable
+			return false, ErrHostUnreachable
 		}
 		start := p.rr[inst] % len(rs)
-		var pick *member
 		for i := range rs {
-			c := rs[(start+i)%len(rs)]
-			if c.addr == p.g.self || c.window >= blks {
-				pick = c
-				p.rr[inst] = start + i + 1
-				break
+			if c := rs[(start+i)%len(rs)]; c.addr == p.g.self || c.window >= blks {
+				pick, p.rr[inst] = c, start+i+1
+				return true, nil
 			}
 		}
-		if pick == nil {
-			p.g.cong(rs[start], blks) // nudge the one we wait for
-		} else {
-			a := pick.addr
-			return a, p.sendUnicastLocked(ctx, stack.NewMessage(a, payload), pick, blks)
-		}
-		if err := p.wait(ctx, block, &since); err != nil {
-			p.mu.Unlock()
-			p.sendMu.Unlock()
-			return stack.Address{}, err
-		}
+		p.g.cong(rs[start], blks) // nudge the one we wait for
+		return false, nil
+	})
+	if err != nil {
+		return stack.Address{}, err
 	}
+	return pick.addr, p.sendUnicastLocked(ctx, stack.NewMessage(pick.addr, payload), pick, blks)
 }
 
 // deliverOwn passes up this member's own message (loopback).
