@@ -134,7 +134,7 @@ type FLUSH struct {
 	done        map[stack.Address]uint64 // per initiator: its rounds up to N have ended
 	n           uint64
 	run         *initRound // round this member initiated and has not stopped
-	regularStop bool       // test hook: STOP_FLUSH as a regular message
+	regularStop bool       // test hook: STOP_FLUSH and UNBLOCKED as regular messages
 
 	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos atomic.Int64
 }
@@ -267,7 +267,7 @@ func (f *FLUSH) send(dest stack.Address, h *Header) {
 	}
 	flags := stack.Internal | stack.OOB
 	f.mu.Lock()
-	if f.regularStop && h.Type == typeStop {
+	if f.regularStop && (h.Type == typeStop || h.Type == typeUnblocked) {
 		flags = 0
 	}
 	f.mu.Unlock()

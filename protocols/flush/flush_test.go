@@ -204,6 +204,10 @@ func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
 			}
 		}
 		b := l.add()
+		if regular, _ := strconv.ParseBool(os.Getenv("STRATA_FLUSH_REGULAR_STOP")); regular {
+			a.f.SetRegularStopForTest(true)
+			b.f.SetRegularStopForTest(true)
+		}
 		bRecv := b.r
 		var asked sync.Once
 		var sendErr error
