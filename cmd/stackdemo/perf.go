@@ -1,0 +1,562 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/protocols/groupfc"
+	"github.com/strata-go/strata/stack"
+)
+
+// perfOptions are stackdemo perf's flags.
+type perfOptions struct {
+	config  string
+	members int
+	mode    string
+	size    int
+	count   int
+	senders int
+	oob     bool
+	json    bool
+	window  int
+	timeout time.Duration
+}
+
+// Message kinds in the first byte of a perf payload.
+const (
+	kindData byte = 1
+	kindReq  byte = 2
+	kindRsp  byte = 3
+	perfHdr       = 1 + 4 + 8 // kind, sender index, seqno
+)
+
+// perfMember is one member of the run: its channel and what it received.
+type perfMember struct {
+	idx     int
+	ch      *stack.Channel
+	mu      sync.Mutex
+	next    map[int]uint64 // per sender: the next seqno expected (regular messages)
+	got     map[int]int64  // per sender: messages received
+	bytes   atomic.Int64
+	count   atomic.Int64
+	errs    []string
+	wake    chan struct{}
+	rsp     chan uint64 // rpc answers to this member's requests
+	first   time.Time
+	last    time.Time
+	oob     bool
+	payload int
+}
+
+func (pm *perfMember) ViewAccepted(*stack.View) {}
+
+func (pm *perfMember) Receive(m *stack.Message) {
+	p := m.Payload
+	if len(p) < perfHdr {
+		return
+	}
+	sender := int(binary.BigEndian.Uint32(p[1:]))
+	seq := binary.BigEndian.Uint64(p[5:])
+	switch p[0] {
+	case kindReq:
+		rsp := make([]byte, perfHdr)
+		rsp[0] = kindRsp
+		binary.BigEndian.PutUint32(rsp[1:], uint32(pm.idx))
+		binary.BigEndian.PutUint64(rsp[5:], seq)
+		_ = pm.ch.Send(context.Background(), stack.NewMessage(m.Src, rsp))
+		return
+	case kindRsp:
+		select {
+		case pm.rsp <- seq:
+		default:
+		}
+		return
+	}
+	now := time.Now()
+	pm.mu.Lock()
+	if pm.first.IsZero() {
+		pm.first = now
+	}
+	pm.last = now
+	pm.got[sender]++
+	if !pm.oob {
+		if want := pm.next[sender]; seq != want {
+			if len(pm.errs) < 10 {
+				pm.errs = append(pm.errs, fmt.Sprintf("member %d: from member %d got seqno %d, expected %d", pm.idx, sender, seq, want))
+			}
+		}
+		pm.next[sender] = seq + 1
+	}
+	pm.mu.Unlock()
+	pm.bytes.Add(int64(len(p)))
+	if pm.count.Add(1)%64 == 0 {
+		select {
+		case pm.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (pm *perfMember) gotFrom(sender int) int64 {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	return pm.got[sender]
+}
+
+// perfResult is what perf reports (also as JSON).
+type perfResult struct {
+	Config    string         `json:"config"`
+	Mode      string         `json:"mode"`
+	Members   int            `json:"members"`
+	Senders   int            `json:"senders"`
+	Size      int            `json:"size"`
+	Count     int            `json:"count"`
+	Seconds   float64        `json:"seconds"`
+	PerMember []memberResult `json:"per_member"`
+	TotalMsgs int64          `json:"total_msgs_received"`
+	MsgsPerS  float64        `json:"total_msgs_per_sec"`
+	MBPerS    float64        `json:"total_mb_per_sec"`
+	Latency   *latency       `json:"rpc_latency_us,omitempty"`
+	Stats     map[string]int64 `json:"stats"`
+	Errors    []string       `json:"errors,omitempty"`
+}
+
+type memberResult struct {
+	Member   int     `json:"member"`
+	Msgs     int64   `json:"msgs_received"`
+	MsgsPerS float64 `json:"msgs_per_sec"`
+	MBPerS   float64 `json:"mb_per_sec"`
+}
+
+type latency struct {
+	P50, P90, P99, Max float64
+}
+
+func cmdPerf(args []string, stdout, stderr io.Writer) int {
+	var o perfOptions
+	fl := flag.NewFlagSet("perf", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	fl.StringVar(&o.config, "config", "", "stack config FILE (default: the embedded default)")
+	fl.IntVar(&o.members, "members", 4, "members to start in this process, on loopback")
+	fl.StringVar(&o.mode, "mode", "multicast", "multicast | unicast | anycast | rpc")
+	fl.IntVar(&o.size, "size", 1000, "message size in bytes")
+	fl.IntVar(&o.count, "count", 20000, "messages per sender")
+	fl.IntVar(&o.senders, "senders", 0, "members that send (0: all)")
+	fl.BoolVar(&o.oob, "oob", false, "send out of band (no order check)")
+	fl.BoolVar(&o.json, "json", false, "print one JSON object")
+	fl.IntVar(&o.window, "window", 500, "messages a sender may have in flight to its slowest receiver (the stack has no flow control without GROUPFC)")
+	fl.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this long")
+	if err := fl.Parse(args); err != nil {
+		return exitConfig
+	}
+	switch {
+	case o.members < 2:
+		fmt.Fprintln(stderr, "stackdemo perf: -members must be at least 2")
+		return exitConfig
+	case o.size < perfHdr || o.size > 1<<20:
+		fmt.Fprintf(stderr, "stackdemo perf: -size must be %d..%d\n", perfHdr, 1<<20)
+		return exitConfig
+	case o.count < 1:
+		fmt.Fprintln(stderr, "stackdemo perf: -count must be at least 1")
+		return exitConfig
+	case !slices.Contains([]string{"multicast", "unicast", "anycast", "rpc"}, o.mode):
+		fmt.Fprintf(stderr, "stackdemo perf: unknown -mode %q (multicast, unicast, anycast or rpc)\n", o.mode)
+		return exitConfig
+	}
+	if o.senders <= 0 || o.senders > o.members {
+		o.senders = o.members
+	}
+	res, err := runPerf(o, stderr)
+	if err != nil {
+		var ce *stack.ConfigError
+		fmt.Fprintln(stderr, "stackdemo perf:", err)
+		if errors.As(err, &ce) {
+			return exitConfig
+		}
+		return exitFail
+	}
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(res)
+	} else {
+		printPerf(stdout, res)
+	}
+	if len(res.Errors) > 0 {
+		for _, e := range res.Errors {
+			fmt.Fprintln(stderr, "stackdemo perf: FAILED:", e)
+		}
+		return exitFail
+	}
+	return exitOK
+}
+
+// perfVars keeps the run on this host and away from other programs: a
+// free port and a multicast group of its own.
+func perfVars() map[string]string {
+	ports := []int{7800, 45588}
+	for i := range ports {
+		// Held open until both are picked, so they differ.
+		if c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err == nil {
+			ports[i] = c.LocalAddr().(*net.UDPAddr).Port
+			defer c.Close()
+		}
+	}
+	return map[string]string{
+		"STRATA_BIND_PORT":     strconv.Itoa(ports[0]),
+		"STRATA_MCAST_ADDR":    fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+		"STRATA_MCAST_PORT":    strconv.Itoa(ports[1]),
+		"STRATA_INITIAL_HOSTS": fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"STRATA_SIM_NETWORK":   fmt.Sprint("perf-", rand.Uint32()),
+	}
+}
+
+func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
+	data, name, err := readConfig(o.config)
+	if err != nil {
+		return nil, err
+	}
+	vars := perfVars()
+	for k := range vars {
+		if v, ok := os.LookupEnv(k); ok {
+			vars[k] = v
+		}
+	}
+	sc, err := stack.ParseConfigVars(name, data, vars)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	ms := make([]*perfMember, o.members)
+	for i := range ms {
+		// Anycast spreads a sender's messages over several receivers, so
+		// each sees a rising but not contiguous sequence: count only.
+		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1), oob: o.oob || o.mode == "anycast", payload: o.size}
+		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
+		if err != nil {
+			return nil, err
+		}
+		defer ch.Close()
+		pm.ch = ch
+		ms[i] = pm
+	}
+	if o.mode == "anycast" && groupfc.Of(ms[0].ch) == nil {
+		return nil, errors.New("-mode anycast needs GROUPFC in the stack (try -config configs/groupfc.toml)")
+	}
+	cluster := fmt.Sprint("perf-", rand.Uint32())
+	errc := make(chan error, len(ms))
+	for _, pm := range ms {
+		go func() { errc <- pm.ch.Connect(ctx, cluster) }()
+	}
+	for range ms {
+		if err := <-errc; err != nil {
+			return nil, err
+		}
+	}
+	if ms[0].ch.Stack().Find("GMS") == nil {
+		// No membership protocol (configs/sim.toml): install one view of
+		// every member, as the tests do.
+		addrs := make([]stack.Address, len(ms))
+		for i, pm := range ms {
+			addrs[i] = pm.ch.Address()
+		}
+		v := stack.NewView(addrs[0], 2, addrs...)
+		for _, pm := range ms {
+			if err := pm.ch.Stack().InstallView(ctx, v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := waitView(ctx, ms); err != nil {
+		return nil, err
+	}
+	progress := isTerminal(stderr)
+	start := time.Now()
+	lat, sendErr := drive(ctx, o, ms, stderr, progress)
+	el := time.Since(start)
+	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
+	if sendErr != nil {
+		res.Errors = append(res.Errors, sendErr.Error())
+	}
+	for _, pm := range ms {
+		pm.mu.Lock()
+		res.Errors = append(res.Errors, pm.errs...)
+		span := pm.last.Sub(pm.first).Seconds()
+		pm.mu.Unlock()
+		n := pm.count.Load()
+		mr := memberResult{Member: pm.idx, Msgs: n}
+		if span > 0 {
+			mr.MsgsPerS = float64(n) / span
+			mr.MBPerS = float64(pm.bytes.Load()) / span / 1e6
+		}
+		res.PerMember = append(res.PerMember, mr)
+		res.TotalMsgs += n
+	}
+	res.MsgsPerS = float64(res.TotalMsgs) / el.Seconds()
+	res.MBPerS = float64(res.TotalMsgs) * float64(o.size) / el.Seconds() / 1e6
+	res.Errors = append(res.Errors, checkCounts(o, ms)...)
+	for _, pm := range ms {
+		for _, ps := range pm.ch.Stats() {
+			for _, s := range ps.Stats {
+				switch s.Name {
+				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked":
+					res.Stats[ps.Protocol+"."+s.Name] += s.Value
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+func waitView(ctx context.Context, ms []*perfMember) error {
+	for {
+		ok := true
+		for _, pm := range ms {
+			if pm.ch.View().Size() != len(ms) {
+				ok = false
+			}
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the %d members did not form one view: %w", len(ms), ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// targets returns, per sender, the members its messages go to.
+func targets(o perfOptions, ms []*perfMember, i int) []*perfMember {
+	switch o.mode {
+	case "multicast":
+		var out []*perfMember
+		for j, pm := range ms {
+			if j != i {
+				out = append(out, pm)
+			}
+		}
+		return out
+	case "unicast":
+		return []*perfMember{ms[(i+1)%len(ms)]}
+	}
+	return nil
+}
+
+func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Writer, progress bool) (*latency, error) {
+	var wg sync.WaitGroup
+	var sent atomic.Int64
+	errs := make(chan error, o.senders)
+	var lats []time.Duration
+	var lmu sync.Mutex
+	for i := range o.senders {
+		wg.Go(func() {
+			if err := sendAll(ctx, o, ms, i, &sent, &lats, &lmu); err != nil {
+				errs <- fmt.Errorf("member %d: %w", i, err)
+			}
+		})
+	}
+	done := make(chan struct{})
+	if progress {
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			total := int64(o.senders * o.count)
+			for {
+				select {
+				case <-done:
+					fmt.Fprintln(stderr)
+					return
+				case <-t.C:
+					fmt.Fprintf(stderr, "\rsent %d of %d", sent.Load(), total)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	if o.mode == "rpc" {
+		return percentiles(lats), nil
+	}
+	// Wait until every receiver has every message (or the timeout).
+	for o.mode == "anycast" && anycastTotal(o, ms) < int64(o.senders*o.count) {
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	for i := range o.senders {
+		for _, r := range targets(o, ms, i) {
+			for r.gotFrom(i) < int64(o.count) {
+				select {
+				case <-ctx.Done():
+					return nil, nil // checkCounts reports what is missing
+				case <-r.wake:
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, sent *atomic.Int64, lats *[]time.Duration, lmu *sync.Mutex) error {
+	me := ms[i]
+	buf := make([]byte, o.size)
+	binary.BigEndian.PutUint32(buf[1:], uint32(i))
+	ts := targets(o, ms, i)
+	gfc := groupfc.Of(me.ch)
+	for s := range o.count {
+		binary.BigEndian.PutUint64(buf[5:], uint64(s))
+		switch o.mode {
+		case "rpc":
+			buf[0] = kindReq
+			to := ms[(i+1+rand.IntN(len(ms)-1))%len(ms)].ch.Address()
+			t0 := time.Now()
+			if err := me.ch.Send(ctx, stack.NewMessage(to, slices.Clone(buf[:perfHdr]))); err != nil {
+				return err
+			}
+			for {
+				select {
+				case got := <-me.rsp:
+					if got != uint64(s) {
+						continue // a late answer to an earlier request
+					}
+				case <-ctx.Done():
+					return fmt.Errorf("rpc %d: no answer: %w", s, ctx.Err())
+				}
+				break
+			}
+			lmu.Lock()
+			*lats = append(*lats, time.Since(t0))
+			lmu.Unlock()
+		case "anycast":
+			buf[0] = kindData
+			if _, err := gfc.Anycast(ctx, 0, slices.Clone(buf)); err != nil {
+				return err
+			}
+		default:
+			buf[0] = kindData
+			// Without flow control in the stack the sender would outrun its
+			// receivers; stay within -window of the slowest.
+			for _, r := range ts {
+				for int64(s)-r.gotFrom(i) > int64(o.window) {
+					select {
+					case <-r.wake:
+					case <-time.After(time.Millisecond):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+			}
+			dest := stack.Address{}
+			if o.mode == "unicast" {
+				dest = ts[0].ch.Address()
+			}
+			m := stack.NewMessage(dest, slices.Clone(buf))
+			if o.oob {
+				m.Set(stack.OOB)
+			}
+			if err := me.ch.Send(ctx, m); err != nil {
+				return err
+			}
+		}
+		sent.Add(1)
+	}
+	return nil
+}
+
+// checkCounts says what was lost or duplicated.
+func checkCounts(o perfOptions, ms []*perfMember) []string {
+	var errs []string
+	if o.mode == "rpc" {
+		return nil
+	}
+	if o.mode == "anycast" {
+		if total, want := anycastTotal(o, ms), int64(o.senders*o.count); total != want {
+			errs = append(errs, fmt.Sprintf("anycast: %d messages received, %d sent", total, want))
+		}
+		return errs
+	}
+	for i := range o.senders {
+		for _, r := range targets(o, ms, i) {
+			if got := r.gotFrom(i); got != int64(o.count) {
+				errs = append(errs, fmt.Sprintf("member %d got %d of member %d's %d messages", r.idx, got, i, o.count))
+			}
+		}
+	}
+	return errs
+}
+
+// anycastTotal is what the senders' anycasts delivered, over all members.
+func anycastTotal(o perfOptions, ms []*perfMember) int64 {
+	var total int64
+	for _, r := range ms {
+		for i := range o.senders {
+			total += r.gotFrom(i)
+		}
+	}
+	return total
+}
+
+func percentiles(ds []time.Duration) *latency {
+	if len(ds) == 0 {
+		return nil
+	}
+	slices.Sort(ds)
+	at := func(q float64) float64 {
+		return float64(ds[min(len(ds)-1, int(q*float64(len(ds))))].Microseconds())
+	}
+	return &latency{P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: float64(ds[len(ds)-1].Microseconds())}
+}
+
+func printPerf(w io.Writer, r *perfResult) {
+	fmt.Fprintf(w, "%s: %s, %d members, %d senders × %d messages of %d bytes, %.2fs\n", r.Config, r.Mode, r.Members, r.Senders, r.Count, r.Size, r.Seconds)
+	for _, m := range r.PerMember {
+		fmt.Fprintf(w, "  member %d: %d msgs, %.0f msgs/s, %.1f MB/s\n", m.Member, m.Msgs, m.MsgsPerS, m.MBPerS)
+	}
+	fmt.Fprintf(w, "  total: %d msgs received, %.0f msgs/s, %.1f MB/s\n", r.TotalMsgs, r.MsgsPerS, r.MBPerS)
+	if l := r.Latency; l != nil {
+		fmt.Fprintf(w, "  rpc latency µs: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", l.P50, l.P90, l.P99, l.Max)
+	}
+	keys := make([]string, 0, len(r.Stats))
+	for k := range r.Stats {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %s = %d\n", k, r.Stats[k])
+	}
+	if len(r.Errors) == 0 {
+		fmt.Fprintln(w, "  no loss, no duplicates, in order")
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

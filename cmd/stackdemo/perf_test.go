@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPerfDefaultRunsWithoutLoss runs perf as the README's main job does
+// (the embedded default stack, UDP on 127.0.0.1), smaller, and reads its
+// JSON.
+func TestPerfDefaultRunsWithoutLoss(t *testing.T) {
+	for _, mode := range []string{"multicast", "unicast", "rpc"} {
+		t.Run(mode, func(t *testing.T) {
+			code, out, errOut := runCmd("perf", "-members", "3", "-mode", mode, "-count", "2000", "-json")
+			require.Equal(t, 0, code, errOut)
+			var r perfResult
+			require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+			require.Empty(t, r.Errors)
+			require.Equal(t, 3, r.Members)
+			switch mode {
+			case "multicast":
+				// Each of 3 members gets every member's 2000, its own included.
+				require.EqualValues(t, 3*3*2000, r.TotalMsgs)
+			case "unicast":
+				require.EqualValues(t, 3*2000, r.TotalMsgs)
+			case "rpc":
+				require.NotNil(t, r.Latency)
+				require.Positive(t, r.Latency.P50)
+				require.LessOrEqual(t, r.Latency.P50, r.Latency.Max)
+			}
+		})
+	}
+}
+
+func TestPerfAnycastNeedsGroupFCAndRunsWithIt(t *testing.T) {
+	code, _, errOut := runCmd("perf", "-members", "3", "-mode", "anycast", "-count", "100")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "needs GROUPFC")
+	code, out, errOut := runCmd("perf", "-config", filepath.Join("..", "..", "configs", "groupfc.toml"), "-members", "3", "-mode", "anycast", "-count", "1000")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "no loss")
+}
+
+// TestPerfFailsLoudlyOnLoss: a stack without reliability under 30% loss
+// must make perf exit 1 and say what was lost.
+func TestPerfFailsLoudlyOnLoss(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "lossy.toml")
+	require.NoError(t, os.WriteFile(p, []byte("[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_SIM_NETWORK:x}\"\n[[protocol]]\ntype = \"DISCARD\"\nup = 0.3\n"), 0o644))
+	code, _, errOut := runCmd("perf", "-config", p, "-members", "2", "-count", "200", "-window", "1000000", "-timeout", "2s")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "FAILED")
+}
+
+func TestPerfRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"-members", "1"}, {"-mode", "gossip"}, {"-size", "3"}, {"-count", "0"}} {
+		code, _, errOut := runCmd(append([]string{"perf"}, args...)...)
+		require.Equal(t, exitConfig, code, "%v: %s", args, errOut)
+	}
+}
