@@ -118,20 +118,20 @@ func (pm *perfMember) gotFrom(sender int) int64 {
 
 // perfResult is what perf reports (also as JSON).
 type perfResult struct {
-	Config    string         `json:"config"`
-	Mode      string         `json:"mode"`
-	Members   int            `json:"members"`
-	Senders   int            `json:"senders"`
-	Size      int            `json:"size"`
-	Count     int            `json:"count"`
-	Seconds   float64        `json:"seconds"`
-	PerMember []memberResult `json:"per_member"`
-	TotalMsgs int64          `json:"total_msgs_received"`
-	MsgsPerS  float64        `json:"total_msgs_per_sec"`
-	MBPerS    float64        `json:"total_mb_per_sec"`
-	Latency   *latency       `json:"rpc_latency_us,omitempty"`
+	Config    string           `json:"config"`
+	Mode      string           `json:"mode"`
+	Members   int              `json:"members"`
+	Senders   int              `json:"senders"`
+	Size      int              `json:"size"`
+	Count     int              `json:"count"`
+	Seconds   float64          `json:"seconds"`
+	PerMember []memberResult   `json:"per_member"`
+	TotalMsgs int64            `json:"total_msgs_received"`
+	MsgsPerS  float64          `json:"total_msgs_per_sec"`
+	MBPerS    float64          `json:"total_mb_per_sec"`
+	Latency   *latency         `json:"rpc_latency_us,omitempty"`
 	Stats     map[string]int64 `json:"stats"`
-	Errors    []string       `json:"errors,omitempty"`
+	Errors    []string         `json:"errors,omitempty"`
 }
 
 type memberResult struct {
