@@ -3,6 +3,7 @@
 //
 //	stackdemo validate [FILE]   print the stack FILE builds (default: the embedded default)
 //	stackdemo protocols         list every protocol with its keys, types, defaults and docs
+//	stackdemo chat [flags]      a chat member: lines from stdin to the group, the group's lines and views to stdout
 //	stackdemo perf [flags]      throughput and latency of a stack, checked for loss and order
 package main
 
@@ -38,6 +39,9 @@ commands:
                     protocol per line with the values that differ from the
                     defaults (default FILE: the embedded configs/%s)
   protocols         list every registered protocol with its keys
+  chat [flags]      a chat member: -name, -cluster, -config FILE; multicasts
+                    each line read from stdin, prints what others send and
+                    every view; leaves on end of input or Ctrl-C
   perf [flags]      throughput or latency test: -members N in this process on
                     loopback, -mode multicast|unicast|anycast|rpc, -size,
                     -count, -senders, -oob, -json, -config FILE; fails (exit 1)
@@ -59,6 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdProtocols(stdout)
 	case "perf":
 		return cmdPerf(args[1:], stdout, stderr)
+	case "chat":
+		return cmdChat(args[1:], os.Stdin, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return exitOK
