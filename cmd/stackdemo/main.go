@@ -44,8 +44,9 @@ commands:
                     every view; leaves on end of input or Ctrl-C
   perf [flags]      throughput or latency test: -members N in this process on
                     loopback, -mode multicast|unicast|anycast|rpc, -size,
-                    -count, -senders, -oob, -json, -config FILE; fails (exit 1)
-                    on any lost, duplicated or reordered message
+                    -count, -senders, -oob, -json, -config FILE; with -join
+                    each process is one member (run -members N of them); fails
+                    (exit 1) on any lost, duplicated or reordered message
 
 exit status: 0 ok, 1 failure, 2 config or usage error
 `, configs.Default)

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,5 +64,45 @@ func TestPerfRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"-members", "1"}, {"-mode", "gossip"}, {"-size", "3"}, {"-count", "0"}} {
 		code, _, errOut := runCmd(append([]string{"perf"}, args...)...)
 		require.Equal(t, exitConfig, code, "%v: %s", args, errOut)
+	}
+}
+
+// TestPerfJoinAcrossProcesses: three stackdemo perf -join processes on the
+// default stack form one group, the first starts the run, and each reports
+// every message of the others, with no loss.
+func TestPerfJoinAcrossProcesses(t *testing.T) {
+	for _, mode := range []string{"multicast", "unicast"} {
+		t.Run(mode, func(t *testing.T) {
+			env := append(os.Environ(), "STACKDEMO_AS_MAIN=1",
+				"STRATA_BIND_PORT="+strconv.Itoa(freeUDPPort(t)),
+				fmt.Sprintf("STRATA_MCAST_ADDR=239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
+				"STRATA_MCAST_PORT="+strconv.Itoa(freeUDPPort(t)))
+			var cmds []*exec.Cmd
+			var outs []*bytes.Buffer
+			for i := range 3 {
+				cmd := exec.Command(os.Args[0], "perf", "-join", "-members", "3", "-mode", mode, "-count", "3000", "-json",
+					"-cluster", "perf-join-"+mode, "-name", fmt.Sprint("p", i), "-timeout", "2m")
+				cmd.Env = env
+				var out bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, os.Stderr
+				require.NoError(t, cmd.Start())
+				cmds, outs = append(cmds, cmd), append(outs, &out)
+			}
+			seen := map[int]bool{}
+			for i, cmd := range cmds {
+				require.NoError(t, cmd.Wait(), "process %d", i)
+				var r perfResult
+				require.NoError(t, json.Unmarshal(outs[i].Bytes(), &r), outs[i].String())
+				require.Empty(t, r.Errors)
+				require.Len(t, r.PerMember, 1)
+				want := int64(2 * 3000)
+				if mode == "unicast" {
+					want = 3000
+				}
+				require.Equal(t, want, r.TotalMsgs, "process %d received everything meant for it", i)
+				seen[r.PerMember[0].Member] = true
+			}
+			require.Len(t, seen, 3, "each process was a different member")
+		})
 	}
 }
