@@ -1,0 +1,167 @@
+package compress_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/protocols/compress"
+	"github.com/strata-go/strata/protocols/sim"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+// text is a compressible payload of n bytes (log-like lines).
+func text(n int) []byte {
+	var b strings.Builder
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, "time=2026-12-03T07:%02d:%02d level=INFO msg=\"member joined\" member=M%d view=%d\n", i%60, i%60, i%7, i)
+	}
+	return []byte(b.String()[:n])
+}
+
+func pair(t *testing.T, sender, receiver compress.Config) (*stacktest.Cluster, []*compress.Compress) {
+	cs := []*compress.Compress{compress.New(sender), compress.New(receiver)}
+	c := stacktest.StartSIM(t, 2, 1, func(i int) []stack.Protocol { return []stack.Protocol{cs[i]} })
+	return c, cs
+}
+
+func TestPayloadsArriveIntactAndLargeOnesCompressed(t *testing.T) {
+	for _, codec := range []string{"s2", "zstd"} {
+		t.Run(codec, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := compress.DefaultConfig()
+				cfg.Codec = codec
+				c, cs := pair(t, cfg, cfg)
+				rnd := make([]byte, 10_000)
+				for i := range rnd {
+					rnd[i] = byte(rand.Uint32())
+				}
+				sent := [][]byte{nil, text(100), text(499), text(500), text(1000), text(64 << 10), rnd}
+				for _, p := range sent {
+					require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(c.Addresses()[1], bytes.Clone(p))))
+				}
+				synctest.Wait()
+				got := c.Recv[1].Messages()
+				require.Len(t, got, len(sent))
+				for i, m := range got {
+					require.Equal(t, len(sent[i]), len(m.Payload), "message %d", i)
+					require.True(t, bytes.Equal(sent[i], m.Payload), "message %d intact", i)
+					require.Nil(t, m.Header(stack.IDCOMPRESS), "no COMPRESS header above the layer")
+				}
+				require.EqualValues(t, 3, stacktest.Stat(t, cs[0], "compressed"), "500 B, 1 KB and 64 KB of text")
+				require.EqualValues(t, 1, stacktest.Stat(t, cs[0], "sent_uncompressed"), "random bytes would grow: sent as they are")
+				require.Less(t, stacktest.Stat(t, cs[0], "bytes_after"), stacktest.Stat(t, cs[0], "bytes_before")/3)
+				require.EqualValues(t, 3, stacktest.Stat(t, cs[1], "decompressed"))
+			})
+		})
+	}
+}
+
+// TestDecompressionBombIsRejected: 32 MB of zeros compress to a small
+// message; a receiver whose max_size is 1 MB drops it and counts it, as it
+// does a message that lies about its length.
+func TestDecompressionBombIsRejected(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := compress.DefaultConfig()
+		big.MaxSize, big.MinSize = 64<<20, 0
+		small := compress.DefaultConfig()
+		small.MaxSize = 1 << 20
+		c, cs := pair(t, big, small)
+		dest := c.Addresses()[1]
+		require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(dest, make([]byte, 32<<20))))
+		// A header that claims 100 bytes in front of 512 KB of data.
+		lie := stack.NewMessage(dest, s2.Encode(nil, make([]byte, 512<<10)))
+		lie.PutHeader(stack.IDCOMPRESS, &compress.Header{Codec: 1, Len: 100})
+		require.NoError(t, c.Channels[0].Send(t.Context(), lie))
+		// Garbage that is not s2 at all.
+		junk := stack.NewMessage(dest, []byte("not compressed at all"))
+		junk.PutHeader(stack.IDCOMPRESS, &compress.Header{Codec: 2, Len: 5})
+		require.NoError(t, c.Channels[0].Send(t.Context(), junk))
+		require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(dest, text(2000))))
+		synctest.Wait()
+		require.EqualValues(t, 3, stacktest.Stat(t, cs[1], "rejected"))
+		got := c.Recv[1].Messages()
+		require.Len(t, got, 1, "only the honest message is delivered")
+		require.Equal(t, text(2000), got[0].Payload)
+	})
+}
+
+func FuzzDecompress(f *testing.F) {
+	f.Add(uint8(1), uint64(10), s2.Encode(nil, []byte("hello hello hello")))
+	f.Add(uint8(2), uint64(100), []byte{0x28, 0xb5, 0x2f, 0xfd, 0, 0})
+	f.Add(uint8(1), uint64(1<<40), []byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	cfg := compress.DefaultConfig()
+	cfg.MaxSize = 1 << 20
+	c := compress.New(cfg)
+	if err := c.Init(); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, codec uint8, n uint64, p []byte) {
+		out, err := compress.DecodeForTest(c, &compress.Header{Codec: codec, Len: n}, p)
+		if err == nil && (uint64(len(out)) != n || len(out) > 1<<20) {
+			t.Fatalf("decoded %d bytes for a claim of %d", len(out), n)
+		}
+	})
+}
+
+func BenchmarkThroughput(b *testing.B) {
+	for _, size := range []int{1000, 16 << 10} {
+		for _, codec := range []string{"none", "s2", "zstd"} {
+			b.Run(fmt.Sprintf("size=%d/codec=%s", size, codec), func(b *testing.B) {
+				net := stacktest.NewNetwork(b, 1)
+				w := stacktest.NewWindow(1024)
+				var chs []*stack.Channel
+				for i := range 2 {
+					ps := []stack.Protocol{simTransport(net.Name())}
+					if codec != "none" {
+						cfg := compress.Config{MinSize: 500, MaxSize: 16 << 20, Codec: codec}
+						ps = append(ps, compress.New(cfg))
+					}
+					var r stack.Receiver = stacktest.WindowReceiver{W: stacktest.NewWindow(0)}
+					if i == 1 {
+						r = stacktest.WindowReceiver{W: w}
+					}
+					ch, err := stack.NewChannel(ps, stack.WithReceiver(r))
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer ch.Close()
+					if err := ch.Connect(context.Background(), "bench"); err != nil {
+						b.Fatal(err)
+					}
+					chs = append(chs, ch)
+				}
+				p := text(size)
+				dest := chs[1].Address()
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				var sent int64
+				for b.Loop() {
+					w.Await(sent)
+					if err := chs[0].Send(context.Background(), stack.NewMessage(dest, p)); err != nil {
+						b.Fatal(err)
+					}
+					sent++
+				}
+				if got := w.Settle(int64(b.N), time.Second); got != int64(b.N) {
+					b.Fatalf("got %d of %d", got, b.N)
+				}
+			})
+		}
+	}
+}
+
+func simTransport(network string) stack.Protocol {
+	cfg := sim.DefaultConfig()
+	cfg.Network = network
+	return sim.New(cfg)
+}
