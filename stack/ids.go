@@ -24,6 +24,8 @@ const (
 	IDDISCARD       uint16 = 16
 	IDDELAY         uint16 = 17
 	IDCOMPRESS      uint16 = 18
+	IDENCRYPT       uint16 = 19
+	IDAUTH          uint16 = 20
 
 	// IDUserMin is the first id free for protocols outside strata.
 	IDUserMin uint16 = 1024

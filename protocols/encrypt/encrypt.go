@@ -1,0 +1,379 @@
+// Package encrypt is ENCRYPT: authenticated encryption (AES-256-GCM) of
+// whole messages, headers and payload, with a shared key that never comes
+// from the config file. Every message carries the id of its key (so keys
+// can be rotated: accept old and new, send with the new), a nonce made of a
+// random per-instance prefix and a counter (never reused), and is checked
+// against a per-sender replay window, so a recorded datagram is not
+// delivered twice. A message that fails any check is dropped and counted;
+// nothing of it reaches the layers above.
+//
+// Place ENCRYPT right above the transport. Its flags, source and
+// destination stay in the clear (the transport needs them) but are
+// authenticated; the transport's own control traffic below it is not
+// protected.
+package encrypt
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures ENCRYPT. The key is read from key_file or, if that is
+// empty, from the environment variable key_env: one or more keys of 32
+// bytes in hex, one per line; the first is used to send, all are accepted.
+type Config struct {
+	KeyFile string `toml:"key_file" doc:"file with the group key(s): 64 hex digits per line, the first sends, all are accepted"`
+	KeyEnv  string `toml:"key_env" doc:"environment variable with the key(s), used when key_file is empty (same format, lines or commas)"`
+	Window  int    `toml:"replay_window" doc:"messages per sender a late message may lag the newest and still be accepted once"`
+}
+
+// DefaultConfig reads the key from STRATA_ENCRYPT_KEY.
+func DefaultConfig() Config { return Config{KeyEnv: "STRATA_ENCRYPT_KEY", Window: 4096} }
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.KeyFile == "" && c.KeyEnv == "":
+		return stack.BadKey("key_file", "set key_file or key_env: the key never comes from the config itself")
+	case c.Window < 64 || c.Window > 1<<20 || c.Window%64 != 0:
+		return stack.BadKey("replay_window", "must be a multiple of 64 in 64..1048576, got %d", c.Window)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "ENCRYPT", ID: stack.IDENCRYPT,
+		Doc:      "AES-256-GCM of whole messages (headers too), key ids for rotation, per-sender replay window",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.RegisterHeader(stack.HeaderType{ID: stack.IDENCRYPT, Name: "ENCRYPT", Decode: decodeHeader,
+		Samples: func() []stack.Header { return []stack.Header{&Header{KeyID: 7, Prefix: 9, Counter: 1 << 40}} }})
+}
+
+// Header carries what the receiver needs to open a message.
+type Header struct {
+	KeyID   uint32
+	Prefix  uint32 // the sender instance's random nonce prefix
+	Counter uint64 // the rest of the nonce; also the replay sequence
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int { return 16 }
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = stack.AppendUint32(b, h.KeyID)
+	b = stack.AppendUint32(b, h.Prefix)
+	return stack.AppendUint64(b, h.Counter)
+}
+
+func (h *Header) String() string {
+	return fmt.Sprintf("ENCRYPT key=%08x nonce=%08x/%d", h.KeyID, h.Prefix, h.Counter)
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{KeyID: r.Uint32(), Prefix: r.Uint32(), Counter: r.Uint64()}
+	return h, r.Err()
+}
+
+// key is one AES-256-GCM key and its id (the first 4 bytes of its SHA-256).
+type key struct {
+	id   uint32
+	aead cipher.AEAD
+}
+
+// KeyID returns the id a key travels under.
+func KeyID(k []byte) uint32 {
+	s := sha256.Sum256(k)
+	return binary.BigEndian.Uint32(s[:4])
+}
+
+func newKey(k []byte) (*key, error) {
+	if len(k) != 32 {
+		return nil, fmt.Errorf("encrypt: a key is 32 bytes (64 hex digits), got %d bytes", len(k))
+	}
+	b, err := aes.NewCipher(k)
+	if err != nil {
+		return nil, err
+	}
+	g, err := cipher.NewGCM(b)
+	if err != nil {
+		return nil, err
+	}
+	return &key{id: KeyID(k), aead: g}, nil
+}
+
+// ParseKeys reads keys in hex, one per line (or comma); blank lines and
+// lines starting with # are skipped.
+func ParseKeys(text string) ([][]byte, error) {
+	var out [][]byte
+	for _, f := range strings.FieldsFunc(text, func(r rune) bool { return r == '\n' || r == ',' || r == '\r' }) {
+		f = strings.TrimSpace(f)
+		if f == "" || strings.HasPrefix(f, "#") {
+			continue
+		}
+		k, err := hex.DecodeString(f)
+		if err != nil || len(k) != 32 {
+			return nil, fmt.Errorf("encrypt: key %d: want 64 hex digits", len(out)+1)
+		}
+		out = append(out, k)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("encrypt: no key")
+	}
+	return out, nil
+}
+
+// Encrypt is the ENCRYPT protocol.
+type Encrypt struct {
+	stack.Base
+	cfg Config
+
+	mu      sync.RWMutex
+	send    *key
+	accept  map[uint32]*key
+	prefix  uint32
+	counter atomic.Uint64
+
+	rmu     sync.Mutex
+	windows map[stack.Address]map[uint32]*window
+
+	encrypted, decrypted, authFailures, replays, unknownKey, unencrypted, malformed atomic.Int64
+}
+
+var _ stack.Protocol = (*Encrypt)(nil)
+
+// New returns an ENCRYPT layer.
+func New(cfg Config) *Encrypt { return &Encrypt{cfg: cfg, windows: map[stack.Address]map[uint32]*window{}} }
+
+// Name returns "ENCRYPT".
+func (e *Encrypt) Name() string { return "ENCRYPT" }
+
+// Init validates the config and loads the keys.
+func (e *Encrypt) Init() error {
+	if err := e.cfg.Validate(); err != nil {
+		return err
+	}
+	var text string
+	if e.cfg.KeyFile != "" {
+		b, err := os.ReadFile(e.cfg.KeyFile)
+		if err != nil {
+			return fmt.Errorf("encrypt: key_file: %w", err)
+		}
+		text = string(b)
+	} else {
+		v, ok := os.LookupEnv(e.cfg.KeyEnv)
+		if !ok {
+			return fmt.Errorf("encrypt: key_env: %s is not set", e.cfg.KeyEnv)
+		}
+		text = v
+	}
+	keys, err := ParseKeys(text)
+	if err != nil {
+		return err
+	}
+	return e.SetKeys(keys[0], keys[1:]...)
+}
+
+// SetKeys makes send the key messages are sent with, and accepts messages
+// under send or any of also. To rotate without loss: add the new key to
+// also on every member, then make it send on every member, then drop the
+// old one.
+func (e *Encrypt) SetKeys(send []byte, also ...[]byte) error {
+	sk, err := newKey(send)
+	if err != nil {
+		return err
+	}
+	acc := map[uint32]*key{sk.id: sk}
+	for _, k := range also {
+		ak, err := newKey(k)
+		if err != nil {
+			return err
+		}
+		acc[ak.id] = ak
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.send, e.accept = sk, acc
+	if e.prefix == 0 {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		e.prefix = binary.BigEndian.Uint32(b[:]) | 1
+	}
+	return nil
+}
+
+// aad binds the fields that stay in the clear.
+func aad(dst []byte, h *Header, src, dest stack.Address, flags stack.Flags) []byte {
+	dst = h.AppendTo(dst)
+	dst = stack.AppendAddress(dst, src)
+	dst = stack.AppendAddress(dst, dest)
+	return stack.AppendUint16(dst, uint16(flags))
+}
+
+func nonce(h *Header) []byte {
+	var n [12]byte
+	binary.BigEndian.PutUint32(n[:4], h.Prefix)
+	binary.BigEndian.PutUint64(n[4:], h.Counter)
+	return n[:]
+}
+
+// Down seals the whole message into the payload of a new one.
+func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
+	e.mu.RLock()
+	k, prefix := e.send, e.prefix
+	e.mu.RUnlock()
+	self := e.LocalAddress()
+	h := &Header{KeyID: k.id, Prefix: prefix, Counter: e.counter.Add(1)}
+	// The inner source is the outer one (the transport's), so it is not
+	// encoded twice.
+	inner := stack.AppendMessage(make([]byte, 0, m.EncodedSize(m.Src)+k.aead.Overhead()), m, m.Src)
+	ad := aad(make([]byte, 0, 64), h, self, m.Dest, m.Flags)
+	out := stack.NewMessage(m.Dest, k.aead.Seal(inner[:0], nonce(h), inner, ad))
+	out.Src, out.Flags = m.Src, m.Flags
+	out.PutHeader(e.ID(), h)
+	e.encrypted.Add(1)
+	return e.PassDown(ctx, out)
+}
+
+// Up opens a message; anything that does not authenticate, is a replay, or
+// is not encrypted at all is dropped and counted.
+func (e *Encrypt) Up(m *stack.Message) {
+	if in := e.open(m); in != nil {
+		e.PassUp(in)
+	}
+}
+
+// UpBatch opens each message of the batch.
+func (e *Encrypt) UpBatch(bt *stack.Batch) {
+	keep := bt.Msgs[:0]
+	for _, m := range bt.Msgs {
+		if in := e.open(m); in != nil {
+			keep = append(keep, in)
+		}
+	}
+	bt.Msgs = keep
+	if len(keep) > 0 {
+		e.PassUpBatch(bt)
+	}
+}
+
+func (e *Encrypt) open(m *stack.Message) *stack.Message {
+	h, ok := m.Header(e.ID()).(*Header)
+	if !ok || m.NumHeaders() != 1 {
+		e.unencrypted.Add(1)
+		return nil
+	}
+	e.mu.RLock()
+	k := e.accept[h.KeyID]
+	e.mu.RUnlock()
+	if k == nil {
+		e.unknownKey.Add(1)
+		return nil
+	}
+	ad := aad(make([]byte, 0, 64), h, m.Src, m.Dest, m.Flags)
+	pt, err := k.aead.Open(nil, nonce(h), m.Payload, ad)
+	if err != nil {
+		e.authFailures.Add(1)
+		return nil
+	}
+	if !e.fresh(m.Src, h) {
+		e.replays.Add(1)
+		return nil
+	}
+	in, err := stack.ReadMessage(stack.NewReader(pt), m.Src)
+	if err != nil || in.Dest != m.Dest || in.Flags != m.Flags {
+		e.malformed.Add(1)
+		return nil
+	}
+	e.decrypted.Add(1)
+	return in
+}
+
+// window is a sliding replay window of one sender instance (IPsec-style):
+// the highest counter seen and a bitmap of the ones below it.
+type window struct {
+	hi   uint64
+	bits []uint64
+}
+
+// maxPrefixes bounds the sender instances remembered per address.
+const maxPrefixes = 8
+
+// fresh reports whether h's counter from src is new, and records it.
+func (e *Encrypt) fresh(src stack.Address, h *Header) bool {
+	e.rmu.Lock()
+	defer e.rmu.Unlock()
+	ws := e.windows[src]
+	if ws == nil {
+		ws = map[uint32]*window{}
+		e.windows[src] = ws
+	}
+	w := ws[h.Prefix]
+	if w == nil {
+		if len(ws) >= maxPrefixes {
+			for p := range ws {
+				delete(ws, p)
+				break
+			}
+		}
+		w = &window{bits: make([]uint64, e.cfg.Window/64)}
+		ws[h.Prefix] = w
+	}
+	size := uint64(e.cfg.Window)
+	c := h.Counter
+	switch {
+	case c > w.hi:
+		shift := c - w.hi
+		if shift >= size {
+			clear(w.bits)
+		} else {
+			for i := w.hi + 1; i <= c; i++ {
+				w.clear(i % size)
+			}
+		}
+		w.hi = c
+		w.set(c % size)
+		return true
+	case w.hi-c >= size:
+		return false // too old to tell
+	case w.test(c % size):
+		return false
+	}
+	w.set(c % size)
+	return true
+}
+
+func (w *window) set(i uint64)       { w.bits[i/64] |= 1 << (i % 64) }
+func (w *window) clear(i uint64)     { w.bits[i/64] &^= 1 << (i % 64) }
+func (w *window) test(i uint64) bool { return w.bits[i/64]&(1<<(i%64)) != 0 }
+
+// Stats reports ENCRYPT's counters.
+func (e *Encrypt) Stats() []stack.Stat {
+	return []stack.Stat{
+		{Name: "encrypted", Value: e.encrypted.Load()},
+		{Name: "decrypted", Value: e.decrypted.Load()},
+		{Name: "auth_failures", Value: e.authFailures.Load()},
+		{Name: "replays", Value: e.replays.Load()},
+		{Name: "unknown_key", Value: e.unknownKey.Load()},
+		{Name: "unencrypted", Value: e.unencrypted.Load()},
+		{Name: "malformed", Value: e.malformed.Load()},
+	}
+}
