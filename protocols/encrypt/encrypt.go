@@ -159,7 +159,9 @@ type Encrypt struct {
 var _ stack.Protocol = (*Encrypt)(nil)
 
 // New returns an ENCRYPT layer.
-func New(cfg Config) *Encrypt { return &Encrypt{cfg: cfg, windows: map[stack.Address]map[uint32]*window{}} }
+func New(cfg Config) *Encrypt {
+	return &Encrypt{cfg: cfg, windows: map[stack.Address]map[uint32]*window{}}
+}
 
 // Name returns "ENCRYPT".
 func (e *Encrypt) Name() string { return "ENCRYPT" }
