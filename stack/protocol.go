@@ -62,6 +62,9 @@ var (
 	// ErrNotSupported: a layer cannot do what an event asks (for example
 	// EvSendToPhysical on a transport without network addresses).
 	ErrNotSupported = errors.New("strata: not supported by this stack")
+	// ErrAuthFailed: the group refused this member's proof that it knows
+	// the group secret (AUTH).
+	ErrAuthFailed = errors.New("authentication failed")
 )
 
 type link struct{ p Protocol }

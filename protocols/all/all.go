@@ -4,6 +4,7 @@ package all
 
 import (
 	// Each protocol registers itself in init.
+	_ "github.com/strata-go/strata/protocols/auth"
 	_ "github.com/strata-go/strata/protocols/compress"
 	_ "github.com/strata-go/strata/protocols/delay"
 	_ "github.com/strata-go/strata/protocols/discard"

@@ -800,6 +800,9 @@ func (g *GMS) join(ctx context.Context) error {
 		case rsp == nil:
 			g.Log().Info("join attempt timed out", "coordinator", coord, "join_timeout", g.cfg.JoinTimeout)
 			coord = stack.Address{}
+		case rsp.Fail == AuthFailed:
+			g.Log().Warn("join refused: authentication failed", "by", coord)
+			return fmt.Errorf("gms: join refused by %s: %w", coord, stack.ErrAuthFailed)
 		case rsp.Fail != "":
 			g.Log().Debug("join refused", "by", coord, "reason", rsp.Fail, "ask", rsp.Coord)
 			coord = rsp.Coord

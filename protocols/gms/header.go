@@ -205,3 +205,11 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeCancelMerge, MergeID: mid},
 	}
 }
+
+// AuthFailed is the refusal text of a JOIN_RSP that AUTH passes up when the
+// coordinator rejected this member's proof; GMS then ends the join with
+// stack.ErrAuthFailed instead of trying again.
+const AuthFailed = "authentication failed"
+
+// JoinRefusal returns a JOIN_RSP that refuses a join for reason.
+func JoinRefusal(reason string) *Header { return &Header{Type: typeJoinRsp, Fail: reason} }

@@ -1,0 +1,280 @@
+// Package auth is AUTH: a member may join only if it proves that it knows
+// the group secret. The coordinator answers a JOIN_REQ with a random
+// challenge; the joiner answers with an HMAC-SHA256 of the challenge and
+// both addresses under the secret; only then does the JOIN_REQ reach GMS.
+// The secret never travels. A joiner whose proof is wrong gets
+// stack.ErrAuthFailed from Connect, and no view ever lists it. Place AUTH
+// directly below GMS.
+package auth
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/protocols/gms"
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures AUTH. The secret is read from secret_file or, if that
+// is empty, from the environment variable secret_env; never from the config.
+type Config struct {
+	SecretFile string        `toml:"secret_file" doc:"file holding the group secret"`
+	SecretEnv  string        `toml:"secret_env" doc:"environment variable holding the group secret, used when secret_file is empty"`
+	Timeout    time.Duration `toml:"challenge_timeout" doc:"how long a coordinator keeps a challenged JOIN_REQ waiting for its answer"`
+}
+
+// DefaultConfig reads the secret from STRATA_AUTH_SECRET.
+func DefaultConfig() Config { return Config{SecretEnv: "STRATA_AUTH_SECRET", Timeout: 5 * time.Second} }
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.SecretFile == "" && c.SecretEnv == "":
+		return stack.BadKey("secret_file", "set secret_file or secret_env: the secret never comes from the config itself")
+	case c.Timeout <= 0:
+		return stack.BadKey("challenge_timeout", "must be > 0, got %s", c.Timeout)
+	}
+	return nil
+}
+
+func init() {
+	stack.Register(stack.ProtocolSpec[Config]{
+		Name: "AUTH", ID: stack.IDAUTH,
+		Doc:      "joiners prove they know the group secret (HMAC challenge-response); the secret never travels",
+		Defaults: DefaultConfig,
+		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+	})
+	stack.RegisterHeader(stack.HeaderType{ID: stack.IDAUTH, Name: "AUTH", Decode: decodeHeader,
+		Samples: func() []stack.Header {
+			return []stack.Header{&Header{Type: typeChallenge, Nonce: make([]byte, nonceLen)},
+				&Header{Type: typeResponse, Nonce: make([]byte, nonceLen), MAC: make([]byte, sha256.Size)}, &Header{Type: typeReject}}
+		}})
+}
+
+const (
+	typeChallenge uint8 = 1 // coordinator -> joiner: prove it
+	typeResponse  uint8 = 2 // joiner -> coordinator: the proof
+	typeReject    uint8 = 3 // coordinator -> joiner: wrong proof
+	nonceLen            = 16
+	maxPending          = 1024
+)
+
+// Header is an AUTH message.
+type Header struct {
+	Type  uint8
+	Nonce []byte
+	MAC   []byte
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int {
+	return 1 + stack.UvarintSize(uint64(len(h.Nonce))) + len(h.Nonce) + stack.UvarintSize(uint64(len(h.MAC))) + len(h.MAC)
+}
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	b = append(b, h.Type)
+	b = stack.AppendLenBytes(b, h.Nonce)
+	return stack.AppendLenBytes(b, h.MAC)
+}
+
+func decodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: r.Uint8()}
+	h.Nonce = append([]byte(nil), r.LenBytes(nonceLen, "AUTH nonce")...)
+	h.MAC = append([]byte(nil), r.LenBytes(sha256.Size, "AUTH mac")...)
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	if h.Type < typeChallenge || h.Type > typeReject {
+		return nil, fmt.Errorf("%w: AUTH type %d", stack.ErrMalformed, h.Type)
+	}
+	return h, nil
+}
+
+type pending struct {
+	nonce []byte
+	req   *stack.Message
+	at    time.Time
+}
+
+// Auth is the AUTH protocol.
+type Auth struct {
+	stack.Base
+	cfg    Config
+	secret []byte
+
+	mu      sync.Mutex
+	pending map[stack.Address]*pending
+
+	challenges, accepted, rejected, refusedHere, ignored atomic.Int64
+}
+
+var _ stack.Protocol = (*Auth)(nil)
+
+// New returns an AUTH layer.
+func New(cfg Config) *Auth { return &Auth{cfg: cfg, pending: map[stack.Address]*pending{}} }
+
+// Name returns "AUTH".
+func (a *Auth) Name() string { return "AUTH" }
+
+// Init validates the config and reads the secret.
+func (a *Auth) Init() error {
+	if err := a.cfg.Validate(); err != nil {
+		return err
+	}
+	if a.secret != nil {
+		return nil
+	}
+	var s string
+	if a.cfg.SecretFile != "" {
+		b, err := os.ReadFile(a.cfg.SecretFile)
+		if err != nil {
+			return fmt.Errorf("auth: secret_file: %w", err)
+		}
+		s = string(b)
+	} else {
+		v, ok := os.LookupEnv(a.cfg.SecretEnv)
+		if !ok {
+			return fmt.Errorf("auth: secret_env: %s is not set", a.cfg.SecretEnv)
+		}
+		s = v
+	}
+	return a.SetSecret([]byte(strings.TrimSpace(s)))
+}
+
+// SetSecret sets the group secret (at least 16 bytes).
+func (a *Auth) SetSecret(s []byte) error {
+	if len(s) < 16 {
+		return fmt.Errorf("auth: the secret must be at least 16 bytes, got %d", len(s))
+	}
+	a.mu.Lock()
+	a.secret = append([]byte(nil), s...)
+	a.mu.Unlock()
+	return nil
+}
+
+// proof is HMAC-SHA256(secret, "strata-auth-join" | nonce | joiner | coordinator).
+func (a *Auth) proof(nonce []byte, joiner, coord stack.Address) []byte {
+	a.mu.Lock()
+	mac := hmac.New(sha256.New, a.secret)
+	a.mu.Unlock()
+	mac.Write([]byte("strata-auth-join"))
+	mac.Write(nonce)
+	mac.Write(stack.AppendAddress(nil, joiner))
+	mac.Write(stack.AppendAddress(nil, coord))
+	return mac.Sum(nil)
+}
+
+func (a *Auth) send(to stack.Address, h *Header) {
+	m := stack.NewMessage(to, nil).Set(stack.Internal | stack.OOB)
+	m.PutHeader(a.ID(), h)
+	_ = a.PassDown(context.Background(), m)
+}
+
+// Up holds JOIN_REQs until their sender has proved itself, and runs the
+// challenge-response.
+func (a *Auth) Up(m *stack.Message) {
+	if h, ok := m.Header(a.ID()).(*Header); ok {
+		a.handle(m.Src, h)
+		return
+	}
+	if gh, ok := m.Header(stack.IDGMS).(*gms.Header); ok && gh.Kind() == "JOIN_REQ" && m.Src != a.LocalAddress() {
+		a.challenge(m)
+		return
+	}
+	a.PassUp(m)
+}
+
+// UpBatch runs each message.
+func (a *Auth) UpBatch(bt *stack.Batch) {
+	keep := bt.Msgs[:0]
+	for _, m := range bt.Msgs {
+		_, mine := m.Header(a.ID()).(*Header)
+		gh, isGMS := m.Header(stack.IDGMS).(*gms.Header)
+		if mine || isGMS && gh.Kind() == "JOIN_REQ" {
+			a.Up(m)
+			continue
+		}
+		keep = append(keep, m)
+	}
+	bt.Msgs = keep
+	if len(keep) > 0 {
+		a.PassUpBatch(bt)
+	}
+}
+
+func (a *Auth) challenge(m *stack.Message) {
+	nonce := make([]byte, nonceLen)
+	_, _ = rand.Read(nonce)
+	now := time.Now()
+	a.mu.Lock()
+	for src, p := range a.pending {
+		if now.Sub(p.at) > a.cfg.Timeout {
+			delete(a.pending, src)
+		}
+	}
+	if len(a.pending) >= maxPending {
+		a.mu.Unlock()
+		a.ignored.Add(1)
+		return
+	}
+	a.pending[m.Src] = &pending{nonce: nonce, req: m, at: now}
+	a.mu.Unlock()
+	a.challenges.Add(1)
+	a.send(m.Src, &Header{Type: typeChallenge, Nonce: nonce})
+}
+
+func (a *Auth) handle(src stack.Address, h *Header) {
+	self := a.LocalAddress()
+	switch h.Type {
+	case typeChallenge:
+		if len(h.Nonce) != nonceLen {
+			a.ignored.Add(1)
+			return
+		}
+		a.send(src, &Header{Type: typeResponse, Nonce: h.Nonce, MAC: a.proof(h.Nonce, self, src)})
+	case typeResponse:
+		a.mu.Lock()
+		p := a.pending[src]
+		if p == nil || !hmac.Equal(p.nonce, h.Nonce) {
+			a.mu.Unlock()
+			a.ignored.Add(1)
+			return
+		}
+		delete(a.pending, src)
+		a.mu.Unlock()
+		if !hmac.Equal(h.MAC, a.proof(p.nonce, src, self)) {
+			a.rejected.Add(1)
+			a.Log().Warn("auth: a joiner failed to prove it knows the group secret", "joiner", src)
+			a.send(src, &Header{Type: typeReject})
+			return
+		}
+		a.accepted.Add(1)
+		a.PassUp(p.req)
+	case typeReject:
+		a.refusedHere.Add(1)
+		m := stack.NewMessage(self, nil)
+		m.Src = src
+		m.PutHeader(stack.IDGMS, gms.JoinRefusal(gms.AuthFailed))
+		a.PassUp(m)
+	}
+}
+
+// Stats reports AUTH's counters.
+func (a *Auth) Stats() []stack.Stat {
+	return []stack.Stat{
+		{Name: "challenges_sent", Value: a.challenges.Load()},
+		{Name: "joiners_accepted", Value: a.accepted.Load()},
+		{Name: "joiners_rejected", Value: a.rejected.Load()},
+		{Name: "rejected_here", Value: a.refusedHere.Load()},
+		{Name: "ignored", Value: a.ignored.Load()},
+	}
+}
