@@ -2,19 +2,16 @@ package compress_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/compress"
-	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -113,55 +110,19 @@ func FuzzDecompress(f *testing.F) {
 	})
 }
 
+// BenchmarkThroughput: unicasts of compressible text between two members
+// on SIM, without COMPRESS and with each codec, in the same run.
 func BenchmarkThroughput(b *testing.B) {
 	for _, size := range []int{1000, 16 << 10} {
 		for _, codec := range []string{"none", "s2", "zstd"} {
 			b.Run(fmt.Sprintf("size=%d/codec=%s", size, codec), func(b *testing.B) {
-				net := stacktest.NewNetwork(b, 1)
-				w := stacktest.NewWindow(1024)
-				var chs []*stack.Channel
-				for i := range 2 {
-					ps := []stack.Protocol{simTransport(net.Name())}
-					if codec != "none" {
-						cfg := compress.Config{MinSize: 500, MaxSize: 16 << 20, Codec: codec}
-						ps = append(ps, compress.New(cfg))
+				stacktest.BenchUnicastSIM(b, text(size), func() []stack.Protocol {
+					if codec == "none" {
+						return nil
 					}
-					var r stack.Receiver = stacktest.WindowReceiver{W: stacktest.NewWindow(0)}
-					if i == 1 {
-						r = stacktest.WindowReceiver{W: w}
-					}
-					ch, err := stack.NewChannel(ps, stack.WithReceiver(r))
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer ch.Close()
-					if err := ch.Connect(context.Background(), "bench"); err != nil {
-						b.Fatal(err)
-					}
-					chs = append(chs, ch)
-				}
-				p := text(size)
-				dest := chs[1].Address()
-				b.SetBytes(int64(size))
-				b.ReportAllocs()
-				var sent int64
-				for b.Loop() {
-					w.Await(sent)
-					if err := chs[0].Send(context.Background(), stack.NewMessage(dest, p)); err != nil {
-						b.Fatal(err)
-					}
-					sent++
-				}
-				if got := w.Settle(int64(b.N), time.Second); got != int64(b.N) {
-					b.Fatalf("got %d of %d", got, b.N)
-				}
+					return []stack.Protocol{compress.New(compress.Config{MinSize: 500, MaxSize: 16 << 20, Codec: codec})}
+				})
 			})
 		}
 	}
-}
-
-func simTransport(network string) stack.Protocol {
-	cfg := sim.DefaultConfig()
-	cfg.Network = network
-	return sim.New(cfg)
 }

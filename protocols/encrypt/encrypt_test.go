@@ -225,49 +225,16 @@ func BenchmarkThroughput1KB(b *testing.B) {
 	k := newKey(b)
 	for _, enc := range []bool{false, true} {
 		b.Run(fmt.Sprint("encrypt=", enc), func(b *testing.B) {
-			net := stacktest.NewNetwork(b, 1)
-			w := stacktest.NewWindow(1024)
-			var chs []*stack.Channel
-			for i := range 2 {
-				cfg := sim.DefaultConfig()
-				cfg.Network = net.Name()
-				ps := []stack.Protocol{sim.New(cfg)}
-				if enc {
-					e := encrypt.New(encrypt.Config{KeyEnv: "unused", Window: 4096})
-					if err := e.SetKeys(k); err != nil {
-						b.Fatal(err)
-					}
-					ps = append(ps, &preKeyed{e})
+			stacktest.BenchUnicastSIM(b, make([]byte, 1000), func() []stack.Protocol {
+				if !enc {
+					return nil
 				}
-				var r stack.Receiver = stacktest.WindowReceiver{W: stacktest.NewWindow(0)}
-				if i == 1 {
-					r = stacktest.WindowReceiver{W: w}
-				}
-				ch, err := stack.NewChannel(ps, stack.WithReceiver(r))
-				if err != nil {
+				e := encrypt.New(encrypt.Config{KeyEnv: "unused", Window: 4096})
+				if err := e.SetKeys(k); err != nil {
 					b.Fatal(err)
 				}
-				defer ch.Close()
-				if err := ch.Connect(b.Context(), "bench"); err != nil {
-					b.Fatal(err)
-				}
-				chs = append(chs, ch)
-			}
-			p := make([]byte, 1000)
-			dest := chs[1].Address()
-			b.SetBytes(1000)
-			b.ReportAllocs()
-			var sent int64
-			for b.Loop() {
-				w.Await(sent)
-				if err := chs[0].Send(b.Context(), stack.NewMessage(dest, p)); err != nil {
-					b.Fatal(err)
-				}
-				sent++
-			}
-			if got := w.Settle(int64(b.N), time.Second); got != int64(b.N) {
-				b.Fatalf("got %d of %d", got, b.N)
-			}
+				return []stack.Protocol{&preKeyed{e}}
+			})
 		})
 	}
 }
