@@ -3,8 +3,11 @@
 // challenge; the joiner answers with an HMAC-SHA256 of the challenge and
 // both addresses under the secret; only then does the JOIN_REQ reach GMS.
 // The secret never travels. A joiner whose proof is wrong gets
-// stack.ErrAuthFailed from Connect, and no view ever lists it. Place AUTH
-// directly below GMS.
+// stack.ErrAuthFailed from Connect, and no view ever lists it. Merges are
+// authenticated the same way: MERGE_REQ, MERGE_RSP and INSTALL_VIEW from a
+// member outside this member's view wait until it has proved itself, so a
+// group with another secret never merges in. Place AUTH directly below
+// GMS.
 package auth
 
 import (
@@ -113,6 +116,8 @@ type Auth struct {
 
 	mu      sync.Mutex
 	pending map[stack.Address]*pending
+	view    *stack.View
+	trusted map[stack.Address]bool // proved the secret (members of the view are trusted too)
 
 	challenges, accepted, rejected, refusedHere, ignored atomic.Int64
 }
@@ -120,7 +125,37 @@ type Auth struct {
 var _ stack.Protocol = (*Auth)(nil)
 
 // New returns an AUTH layer.
-func New(cfg Config) *Auth { return &Auth{cfg: cfg, pending: map[stack.Address]*pending{}} }
+func New(cfg Config) *Auth {
+	return &Auth{cfg: cfg, pending: map[stack.Address]*pending{}, trusted: map[stack.Address]bool{}}
+}
+
+// guarded reports whether m is membership traffic that must come from a
+// member that proved the secret, and whether its sender has.
+func (a *Auth) guarded(m *stack.Message) (guard, ok bool) {
+	gh, isGMS := m.Header(stack.IDGMS).(*gms.Header)
+	if !isGMS || m.Src == a.LocalAddress() {
+		return false, true
+	}
+	switch gh.Kind() {
+	case "JOIN_REQ":
+		return true, false // a joiner proves itself on every join
+	case "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW":
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return true, a.trusted[m.Src] || a.view.Contains(m.Src)
+	}
+	return false, true
+}
+
+// DownEvent follows the view: its members need no challenge for merges.
+func (a *Auth) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+		a.mu.Lock()
+		a.view = v
+		a.mu.Unlock()
+	}
+	return a.PassDownEvent(ctx, ev)
+}
 
 // Name returns "AUTH".
 func (a *Auth) Name() string { return "AUTH" }
@@ -186,7 +221,7 @@ func (a *Auth) Up(m *stack.Message) {
 		a.handle(m.Src, h)
 		return
 	}
-	if gh, ok := m.Header(stack.IDGMS).(*gms.Header); ok && gh.Kind() == "JOIN_REQ" && m.Src != a.LocalAddress() {
+	if guard, ok := a.guarded(m); guard && !ok {
 		a.challenge(m)
 		return
 	}
@@ -198,8 +233,7 @@ func (a *Auth) UpBatch(bt *stack.Batch) {
 	keep := bt.Msgs[:0]
 	for _, m := range bt.Msgs {
 		_, mine := m.Header(a.ID()).(*Header)
-		gh, isGMS := m.Header(stack.IDGMS).(*gms.Header)
-		if mine || isGMS && gh.Kind() == "JOIN_REQ" {
+		if guard, ok := a.guarded(m); mine || guard && !ok {
 			a.Up(m)
 			continue
 		}
@@ -258,14 +292,29 @@ func (a *Auth) handle(src stack.Address, h *Header) {
 			return
 		}
 		a.accepted.Add(1)
+		a.mu.Lock()
+		if len(a.trusted) >= maxPending {
+			clear(a.trusted)
+		}
+		a.trusted[src] = true
+		a.mu.Unlock()
 		a.PassUp(p.req)
 	case typeReject:
 		a.refusedHere.Add(1)
+		if a.joined() {
+			return // a merge was refused; GMS's merge times out
+		}
 		m := stack.NewMessage(self, nil)
 		m.Src = src
 		m.PutHeader(stack.IDGMS, gms.JoinRefusal(gms.AuthFailed))
 		a.PassUp(m)
 	}
+}
+
+func (a *Auth) joined() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.view != nil
 }
 
 // Stats reports AUTH's counters.

@@ -47,3 +47,42 @@ func TestJoinerWithoutTheSecretIsRefused(t *testing.T) {
 		require.Positive(t, stacktest.Stat(t, aa, "joiners_rejected"))
 	})
 }
+
+// TestMergeNeedsTheSecretToo: two subgroups that were apart merge when they
+// share the secret, and never merge when they do not.
+func TestMergeNeedsTheSecretToo(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		t.Run(map[bool]string{true: "same_secret", false: "other_secret"}[same], func(t *testing.T) {
+			grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+				l := grouptest.New(t, seed)
+				s1, s2 := "the first group's secret, 32 b!!", "the second group's secret, 32 b!"
+				if same {
+					s2 = s1
+				}
+				a, aa := add(t, l, s1)
+				b, _ := add(t, l, s1)
+				c, _ := add(t, l, s2)
+				d, _ := add(t, l, s2)
+				l.Net.Partition([]stack.Address{a.Addr(), b.Addr()}, []stack.Address{c.Addr(), d.Addr()})
+				for _, m := range []*grouptest.Member{a, b, c, d} {
+					l.ConnectAll(m)
+				}
+				stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(a, b) && grouptest.SameView(c, d) }, "two subgroups")
+				l.Net.Heal()
+				if same {
+					stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(a, b, c, d) }, "one merged view")
+					return
+				}
+				time.Sleep(4 * (grouptest.MergeMax + grouptest.MergeCheck))
+				require.True(t, grouptest.SameView(a, b), "A and B stay together")
+				require.True(t, grouptest.SameView(c, d), "C and D stay together")
+				for _, m := range []*grouptest.Member{a, b} {
+					for _, v := range m.Col.Views() {
+						require.False(t, v.Contains(c.Addr()) || v.Contains(d.Addr()), "no view of the first group lists the second")
+					}
+				}
+				require.Positive(t, stacktest.Stat(t, aa, "joiners_rejected")+stacktest.Stat(t, aa, "rejected_here"), "the merge was refused")
+			})
+		})
+	}
+}
