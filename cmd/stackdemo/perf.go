@@ -672,9 +672,19 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		return nil, fmt.Errorf("more than %d members joined %s", o.members, o.cluster)
 	}
 	if pm.idx == 0 {
-		if err := ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindGo, 0, 0))); err != nil {
-			return nil, err
-		}
+		// Again and again until the run ends: a joiner whose join digest
+		// was taken after the first GO would never get that one.
+		goCtx, stopGo := context.WithCancel(ctx)
+		defer stopGo()
+		go func() {
+			for goCtx.Err() == nil {
+				_ = ch.Send(goCtx, stack.NewMessage(stack.Address{}, control(kindGo, 0, 0)))
+				select {
+				case <-goCtx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}()
 	}
 	select {
 	case <-start:
