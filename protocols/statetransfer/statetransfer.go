@@ -133,7 +133,10 @@ type incoming struct {
 
 // outgoing is a transfer this member provides.
 type outgoing struct {
-	credits chan struct{} // one token per chunk the requester allows
+	mu      sync.Mutex
+	allowed uint64        // chunks the requester allows in all: the window plus what it has read
+	sent    uint64        // chunks sent
+	more    chan struct{} // a CREDIT raised allowed
 	cancel  chan struct{}
 	once    sync.Once
 }
@@ -233,7 +236,8 @@ type chunkReader struct {
 	in     *incoming
 	ctx    context.Context
 	buf    []byte
-	read   int // chunks read since the last credit
+	total  uint64 // chunks read in all
+	told   uint64 // the total the provider was last told
 	credit int
 	eof    bool
 	err    error
@@ -248,13 +252,33 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 			return 0, r.err
 		}
 		t := time.NewTimer(r.s.cfg.Timeout)
+		// While it waits it says again how much it has read: CREDIT is
+		// cumulative, so a repeat is harmless and a lost one costs only a
+		// quarter of the timeout.
+		again := time.NewTicker(r.s.cfg.Timeout / 4)
+		r.await(t, again)
+		t.Stop()
+		again.Stop()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	r.s.bytesRecv.Add(int64(n))
+	return n, nil
+}
+
+// await takes the next chunk, the end, or an error into r.
+func (r *chunkReader) await(t *time.Timer, again *time.Ticker) {
+	for {
 		select {
+		case <-again.C:
+			r.s.send(r.in.from, &Header{Type: typeCredit, ID: r.id, N: r.total}, nil)
+			continue
 		case c := <-r.in.chunks:
 			r.buf = c
-			r.read++
-			if r.read >= max(r.credit, 1) {
-				r.s.send(r.in.from, &Header{Type: typeCredit, ID: r.id, N: uint64(r.read)}, nil)
-				r.read = 0
+			r.total++
+			if r.total-r.told >= uint64(max(r.credit, 1)) {
+				r.s.send(r.in.from, &Header{Type: typeCredit, ID: r.id, N: r.total}, nil)
+				r.told = r.total
 			}
 		case err := <-r.in.end:
 			// Chunks sent before END are in order before it on the regular
@@ -262,6 +286,7 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 			select {
 			case c := <-r.in.chunks:
 				r.buf = c
+				r.total++
 				r.in.end <- err
 			default:
 				if err != nil {
@@ -277,21 +302,14 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 		case <-r.s.Done():
 			r.err = stack.ErrClosed
 		}
-		t.Stop()
+		return
 	}
-	n := copy(p, r.buf)
-	r.buf = r.buf[n:]
-	r.s.bytesRecv.Add(int64(n))
-	return n, nil
 }
 
 // provide runs the application's GetState for a requester.
 func (s *StateTransfer) provide(to stack.Address, id uint64) {
 	k := key{to, id}
-	o := &outgoing{credits: make(chan struct{}, 1<<16), cancel: make(chan struct{})}
-	for range s.cfg.Window {
-		o.credits <- struct{}{}
-	}
+	o := &outgoing{allowed: uint64(s.cfg.Window), more: make(chan struct{}, 1), cancel: make(chan struct{})}
 	s.mu.Lock()
 	if s.out[k] != nil {
 		s.mu.Unlock()
@@ -363,14 +381,25 @@ func (w *chunkWriter) flush() error {
 	}
 	t := time.NewTimer(w.s.cfg.Timeout)
 	defer t.Stop()
-	select {
-	case <-w.o.credits:
-	case <-w.o.cancel:
-		return errCancelled
-	case <-t.C:
-		return fmt.Errorf("statetransfer: %s gave no credit within %s", w.to, w.s.cfg.Timeout)
-	case <-w.done:
-		return stack.ErrClosed
+	for {
+		w.o.mu.Lock()
+		ok := w.o.sent < w.o.allowed
+		if ok {
+			w.o.sent++
+		}
+		w.o.mu.Unlock()
+		if ok {
+			break
+		}
+		select {
+		case <-w.o.more:
+		case <-w.o.cancel:
+			return errCancelled
+		case <-t.C:
+			return fmt.Errorf("statetransfer: %s gave no credit within %s", w.to, w.s.cfg.Timeout)
+		case <-w.done:
+			return stack.ErrClosed
+		}
 	}
 	chunk := make([]byte, len(w.buf))
 	copy(chunk, w.buf)
@@ -419,12 +448,16 @@ func (s *StateTransfer) handle(m *stack.Message, h *Header) {
 			o.once.Do(func() { close(o.cancel) })
 			return
 		}
-		for range min(h.N, uint64(cap(o.credits))) {
-			select {
-			case o.credits <- struct{}{}:
-			default:
-				s.protocolErrors.Add(1)
-			}
+		// CREDIT says how many chunks the requester has read in all, so a
+		// repeated or late one changes nothing.
+		o.mu.Lock()
+		if a := h.N + uint64(s.cfg.Window); a > o.allowed {
+			o.allowed = a
+		}
+		o.mu.Unlock()
+		select {
+		case o.more <- struct{}{}:
+		default:
 		}
 	case typeChunk, typeEnd:
 		s.mu.Lock()
