@@ -51,20 +51,19 @@ const (
 
 // perfMember is one member of the run: its channel and what it received.
 type perfMember struct {
-	idx     int
-	ch      *stack.Channel
-	mu      sync.Mutex
-	next    map[int]uint64 // per sender: the next seqno expected (regular messages)
-	got     map[int]int64  // per sender: messages received
-	bytes   atomic.Int64
-	count   atomic.Int64
-	errs    []string
-	wake    chan struct{}
-	rsp     chan uint64 // rpc answers to this member's requests
-	first   time.Time
-	last    time.Time
-	oob     bool
-	payload int
+	idx   int
+	ch    *stack.Channel
+	mu    sync.Mutex
+	next  map[int]uint64 // per sender: the next seqno expected (regular messages)
+	got   map[int]int64  // per sender: messages received
+	bytes atomic.Int64
+	count atomic.Int64
+	errs  []string
+	wake  chan struct{}
+	rsp   chan uint64 // rpc answers to this member's requests
+	first time.Time
+	last  time.Time
+	oob   bool
 
 	// -join mode
 	joined bool
@@ -300,7 +299,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for i := range ms {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
-		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1), oob: o.oob || o.mode == "anycast", payload: o.size}
+		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1), oob: o.oob || o.mode == "anycast"}
 		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
 		if err != nil {
 			return nil, err
@@ -640,7 +639,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	}
 	start := make(chan struct{})
 	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1),
-		oob: o.oob, payload: o.size, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
+		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
 	pm.mu.Lock() // until this member knows its index
 	ch, err := stack.NewChannelFromConfig(sc, stack.WithName(name), stack.WithReceiver(pm))
 	if err != nil {

@@ -16,12 +16,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/strata-go/strata/internal/secret"
 	"github.com/strata-go/strata/protocols/gms"
 	"github.com/strata-go/strata/stack"
 )
@@ -168,19 +168,9 @@ func (a *Auth) Init() error {
 	if a.secret != nil {
 		return nil
 	}
-	var s string
-	if a.cfg.SecretFile != "" {
-		b, err := os.ReadFile(a.cfg.SecretFile)
-		if err != nil {
-			return fmt.Errorf("auth: secret_file: %w", err)
-		}
-		s = string(b)
-	} else {
-		v, ok := os.LookupEnv(a.cfg.SecretEnv)
-		if !ok {
-			return fmt.Errorf("auth: secret_env: %s is not set", a.cfg.SecretEnv)
-		}
-		s = v
+	s, err := secret.Read(a.cfg.SecretFile, a.cfg.SecretEnv, "secret_file", "secret_env")
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
 	}
 	return a.SetSecret([]byte(strings.TrimSpace(s)))
 }

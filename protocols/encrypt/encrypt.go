@@ -23,11 +23,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/strata-go/strata/internal/secret"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -171,19 +171,9 @@ func (e *Encrypt) Init() error {
 	if err := e.cfg.Validate(); err != nil {
 		return err
 	}
-	var text string
-	if e.cfg.KeyFile != "" {
-		b, err := os.ReadFile(e.cfg.KeyFile)
-		if err != nil {
-			return fmt.Errorf("encrypt: key_file: %w", err)
-		}
-		text = string(b)
-	} else {
-		v, ok := os.LookupEnv(e.cfg.KeyEnv)
-		if !ok {
-			return fmt.Errorf("encrypt: key_env: %s is not set", e.cfg.KeyEnv)
-		}
-		text = v
+	text, err := secret.Read(e.cfg.KeyFile, e.cfg.KeyEnv, "key_file", "key_env")
+	if err != nil {
+		return fmt.Errorf("encrypt: %w", err)
 	}
 	keys, err := ParseKeys(text)
 	if err != nil {

@@ -264,7 +264,6 @@ func (g *group) decrActive(m *member) {
 // create adds a member in state st.
 func (g *group) create(a stack.Address, st State) *member {
 	m := &member{addr: a, state: st}
-	m.bcRcvNxt = 0
 	g.members[a] = m
 	return m
 }
