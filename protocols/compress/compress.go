@@ -152,9 +152,12 @@ func (c *Compress) Down(ctx context.Context, m *stack.Message) error {
 	c.compressed.Add(1)
 	c.bytesIn.Add(int64(n))
 	c.bytesOut.Add(int64(len(out)))
-	m.Payload = out
-	m.PutHeader(c.ID(), &Header{Codec: codec, Len: uint64(n)})
-	return c.PassDown(ctx, m)
+	// A copy: a layer above may keep m for retransmission and read it from
+	// another goroutine meanwhile.
+	cm := m.Copy()
+	cm.Payload = out
+	cm.PutHeader(c.ID(), &Header{Codec: codec, Len: uint64(n)})
+	return c.PassDown(ctx, cm)
 }
 
 // Up decompresses; a payload that claims or decodes to more than max_size,

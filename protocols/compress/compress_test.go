@@ -63,6 +63,23 @@ func TestPayloadsArriveIntactAndLargeOnesCompressed(t *testing.T) {
 	}
 }
 
+// TestSentMessageIsLeftAsItIs: COMPRESS sends a compressed copy, so a layer
+// above that keeps the message for retransmission (NAKACK, UNICAST2) reads
+// the original, unchanged, while it goes out.
+func TestSentMessageIsLeftAsItIs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cs := pair(t, compress.DefaultConfig(), compress.DefaultConfig())
+		p := text(4000)
+		m := stack.NewMessage(c.Addresses()[1], bytes.Clone(p))
+		require.NoError(t, c.Channels[0].Send(t.Context(), m))
+		synctest.Wait()
+		require.EqualValues(t, 1, stacktest.Stat(t, cs[0], "compressed"))
+		require.Equal(t, p, m.Payload)
+		require.Nil(t, m.Header(stack.IDCOMPRESS))
+		require.Equal(t, 1, c.Recv[1].Len())
+	})
+}
+
 // TestDecompressionBombIsRejected: 32 MB of zeros compress to a small
 // message; a receiver whose max_size is 1 MB drops it and counts it, as it
 // does a message that lies about its length.

@@ -189,6 +189,11 @@ func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
 	if m.IsMulticast() || m.Has(stack.NoReliability) || m.Dest == u.LocalAddress() {
 		return u.PassDown(ctx, m)
 	}
+	// The source is set before m is in the table: a retransmission may copy
+	// it from another goroutine while the transport sends the original.
+	if m.Src.IsZero() {
+		m.Src = u.LocalAddress()
+	}
 	now := time.Now()
 	u.mu.Lock()
 	e := u.send[m.Dest]

@@ -1,6 +1,7 @@
 package unicast2_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -378,5 +379,46 @@ func TestConcurrentConnectionCreationOnBothSides(t *testing.T) {
 				seen[[2]int{g, s}] = true
 			}
 		}
+	})
+}
+
+// srcSpy records the source of every UNICAST2 data message on its way down.
+type srcSpy struct {
+	stack.Base
+	mu   sync.Mutex
+	srcs []stack.Address
+}
+
+func (s *srcSpy) Name() string { return "SRCSPY" }
+func (s *srcSpy) Down(ctx context.Context, m *stack.Message) error {
+	if hdr(m) != nil && len(m.Payload) > 0 { // a data message
+		s.mu.Lock()
+		s.srcs = append(s.srcs, m.Src)
+		s.mu.Unlock()
+	}
+	return s.PassDown(ctx, m)
+}
+
+// TestKeptMessagesHaveTheirSourceBeforeTheyAreShared: a layer's own unicast
+// (no source yet, unlike Channel.Send's) leaves UNICAST2 with its source
+// set. The transport would set it otherwise, while a retransmission copies
+// the kept message on another goroutine: the data race CI found with
+// GROUPFC's protocol messages.
+func TestKeptMessagesHaveTheirSourceBeforeTheyAreShared(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spy := &srcSpy{}
+		p := newPair(t, 1, testConfig(), false, func(i int) []stack.Protocol {
+			if i == 0 {
+				return []stack.Protocol{spy}
+			}
+			return nil
+		})
+		m := stack.NewMessage(p.ba, stacktest.Payload(0, 1, 32))
+		require.True(t, m.Src.IsZero())
+		require.NoError(t, p.a.Stack().Down(t.Context(), m))
+		stacktest.WaitFor(t, time.Minute, func() bool { return p.c.Recv[1].Len() == 1 }, "delivered")
+		spy.mu.Lock()
+		defer spy.mu.Unlock()
+		require.Equal(t, []stack.Address{p.aa}, spy.srcs)
 	})
 }
