@@ -2,9 +2,9 @@
 // whole messages, headers and payload, with a shared key that never comes
 // from the config file. Every message carries the id of its key (so keys
 // can be rotated: accept old and new, send with the new), a nonce made of a
-// random per-instance prefix and a counter (never reused), and is checked
-// against a per-sender replay window, so a recorded datagram is not
-// delivered twice. A message that fails any check is dropped and counted;
+// random per-instance prefix and a per-lane counter (never reused), and is
+// checked against a replay window per sender and lane, so a recorded
+// datagram is not delivered twice. A message that fails any check is dropped and counted;
 // nothing of it reaches the layers above.
 //
 // Place ENCRYPT right above the transport. Its flags, source and
@@ -148,10 +148,10 @@ type Encrypt struct {
 	send    *key
 	accept  map[uint32]*key
 	prefix  uint32
-	counter atomic.Uint64
+	counters [3]atomic.Uint64 // per lane (regular, OOB, internal)
 
 	rmu     sync.Mutex
-	windows map[stack.Address]map[uint32]*window
+	windows map[stack.Address]map[windowKey]*window
 
 	encrypted, decrypted, authFailures, replays, unknownKey, unencrypted, malformed atomic.Int64
 }
@@ -160,7 +160,7 @@ var _ stack.Protocol = (*Encrypt)(nil)
 
 // New returns an ENCRYPT layer.
 func New(cfg Config) *Encrypt {
-	return &Encrypt{cfg: cfg, windows: map[stack.Address]map[uint32]*window{}}
+	return &Encrypt{cfg: cfg, windows: map[stack.Address]map[windowKey]*window{}}
 }
 
 // Name returns "ENCRYPT".
@@ -233,7 +233,12 @@ func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
 	k, prefix := e.send, e.prefix
 	e.mu.RUnlock()
 	self := e.LocalAddress()
-	h := &Header{KeyID: k.id, Prefix: prefix, Counter: e.counter.Add(1)}
+	// Each lane counts on its own (the lane in the counter's top byte, so
+	// nonces stay unique): the receiver checks each lane's window apart,
+	// and a backlog on one lane cannot push its messages out of the window
+	// while another lane's move it on.
+	l := m.Lane()
+	h := &Header{KeyID: k.id, Prefix: prefix, Counter: uint64(l)<<laneShift | e.counters[l].Add(1)}
 	// The inner source is the outer one (the transport's), so it is not
 	// encoded twice.
 	inner := stack.AppendMessage(make([]byte, 0, m.EncodedSize(m.Src)+k.aead.Overhead()), m, m.Src)
@@ -286,6 +291,10 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.authFailures.Add(1)
 		return nil
 	}
+	if stack.Lane(h.Counter>>laneShift) != m.Lane() {
+		e.malformed.Add(1) // sealed for another lane: not sent as it is now
+		return nil
+	}
 	if !e.fresh(m.Src, h) {
 		e.replays.Add(1)
 		return nil
@@ -299,6 +308,16 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 	return in
 }
 
+// laneShift puts the lane in the top byte of a counter.
+const laneShift = 56
+
+// windowKey names one replay window of a sender: its instance's nonce
+// prefix and a lane.
+type windowKey struct {
+	prefix uint32
+	lane   stack.Lane
+}
+
 // window is a sliding replay window of one sender instance (IPsec-style):
 // the highest counter seen and a bitmap of the ones below it.
 type window struct {
@@ -306,8 +325,9 @@ type window struct {
 	bits []uint64
 }
 
-// maxPrefixes bounds the sender instances remembered per address.
-const maxPrefixes = 8
+// maxWindows bounds the windows remembered per address (sender instances
+// times lanes).
+const maxWindows = 24
 
 // fresh reports whether h's counter from src is new, and records it.
 func (e *Encrypt) fresh(src stack.Address, h *Header) bool {
@@ -315,22 +335,23 @@ func (e *Encrypt) fresh(src stack.Address, h *Header) bool {
 	defer e.rmu.Unlock()
 	ws := e.windows[src]
 	if ws == nil {
-		ws = map[uint32]*window{}
+		ws = map[windowKey]*window{}
 		e.windows[src] = ws
 	}
-	w := ws[h.Prefix]
+	wk := windowKey{h.Prefix, stack.Lane(h.Counter >> laneShift)}
+	w := ws[wk]
 	if w == nil {
-		if len(ws) >= maxPrefixes {
+		if len(ws) >= maxWindows {
 			for p := range ws {
 				delete(ws, p)
 				break
 			}
 		}
 		w = &window{bits: make([]uint64, e.cfg.Window/64)}
-		ws[h.Prefix] = w
+		ws[wk] = w
 	}
 	size := uint64(e.cfg.Window)
-	c := h.Counter
+	c := h.Counter &^ (0xff << laneShift)
 	switch {
 	case c > w.hi:
 		shift := c - w.hi

@@ -244,3 +244,38 @@ func BenchmarkThroughput1KB(b *testing.B) {
 type preKeyed struct{ *encrypt.Encrypt }
 
 func (p *preKeyed) Init() error { return nil }
+
+// TestLateMessageOnOneLaneIsNotTakenForAReplay: a regular message held up
+// (here: caught on the wire and handed in late) while more than a window's
+// worth of internal-lane messages from the same sender arrive is still
+// delivered: each lane has its own counter and window, so traffic on one
+// lane does not push another's messages out of the window.
+func TestLateMessageOnOneLaneIsNotTakenForAReplay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := newKey(t)
+		c, es := group(t, [][]byte{k, k})
+		addrs := c.Addresses()
+		var cap capture
+		c.Net.SetLink(addrs[0], addrs[1], sim.Rule{DropIf: func(m *stack.Message) bool {
+			cap.mu.Lock()
+			defer cap.mu.Unlock()
+			if len(cap.msgs) == 0 && m.Lane() == stack.LaneRegular {
+				cap.msgs = append(cap.msgs, m.Copy())
+				return true
+			}
+			return false
+		}})
+		require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(addrs[1], []byte("late"))))
+		n := encrypt.DefaultConfig().Window + 100
+		for i := range n {
+			require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(addrs[1], stacktest.Payload(0, i, 8)).Set(stack.Internal)))
+		}
+		synctest.Wait()
+		require.Equal(t, n, c.Recv[1].Len())
+		require.Len(t, cap.msgs, 1)
+		es[1].Up(cap.msgs[0])
+		synctest.Wait()
+		require.Equal(t, n+1, c.Recv[1].Len(), "the late regular message is delivered")
+		require.Zero(t, stacktest.Stat(t, es[1], "replays"))
+	})
+}
