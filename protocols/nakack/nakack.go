@@ -66,7 +66,7 @@ type NAKACK struct {
 }
 
 type stats struct {
-	sent, received, delivered, duplicates, nonMember atomic.Int64
+	sent, received, delivered, duplicates, nonMember, tooFar atomic.Int64
 	xmitReqSent, xmitReqRecv, xmits, gaps, highest   atomic.Int64
 	purged, stableEvents                             atomic.Int64
 }
@@ -232,12 +232,22 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 		n.st.highest.Add(1)
 		n.mu.Lock()
 		if t := n.tables[m.Src]; t != nil && h.Seqno > t.hr {
-			t.hr = h.Seqno
+			if h.Seqno-t.hd > MaxAhead {
+				n.st.tooFar.Add(1)
+			} else {
+				t.hr = h.Seqno
+			}
 		}
 		n.mu.Unlock()
 	}
 	return stack.Address{}, false
 }
+
+// MaxAhead is how far past the highest delivered seqno of a sender a
+// message or HIGHEST_SEQNO may be; one further is dropped and counted, so a
+// forged seqno cannot leave a gap nobody can fill. A real message that far
+// ahead is retransmitted once the gap closes.
+const MaxAhead = 1 << 20
 
 // add puts m into its sender's table; OOB messages are delivered at once.
 func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
@@ -267,6 +277,10 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	}
 	if seq <= t.hd || seq < t.low {
 		n.st.duplicates.Add(1)
+		return false, nil
+	}
+	if seq-t.hd > MaxAhead {
+		n.st.tooFar.Add(1) // forged or corrupt: no sender gets this far ahead
 		return false, nil
 	}
 	e := t.msgs[seq]
@@ -746,6 +760,7 @@ func (n *NAKACK) Stats() []stack.Stat {
 		{Name: "msgs_delivered", Value: s.delivered.Load()},
 		{Name: "duplicates", Value: s.duplicates.Load()},
 		{Name: "dropped_non_member", Value: s.nonMember.Load()},
+		{Name: "dropped_too_far_ahead", Value: s.tooFar.Load()},
 		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
 		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
 		{Name: "retransmissions", Value: s.xmits.Load()},

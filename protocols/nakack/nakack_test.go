@@ -229,3 +229,72 @@ func TestOwnMulticastLostBelowIsStillDeliveredToSelf(t *testing.T) {
 		require.True(t, once.Load())
 	})
 }
+
+// forger rewrites, on the way up, the first message from src that match
+// takes: its NAKACK header gets what rewrite returns.
+type forger struct {
+	stack.Base
+	mu      sync.Mutex
+	match   func(*nakack.Header) bool
+	rewrite func(nakack.Header) nakack.Header
+	done    int
+}
+
+func (f *forger) Name() string { return "FORGER" }
+func (f *forger) forge(m *stack.Message) {
+	h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+	if !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done == 0 && f.match(h) {
+		f.done++
+		nh := f.rewrite(*h)
+		m.PutHeader(stack.IDNAKACK, &nh)
+	}
+}
+func (f *forger) Up(m *stack.Message) { f.forge(m); f.PassUp(m) }
+func (f *forger) UpBatch(b *stack.Batch) {
+	for _, m := range b.Msgs {
+		f.forge(m)
+	}
+	f.PassUpBatch(b)
+}
+
+// TestImpossibleSeqnosAreDroppedAndCounted: a multicast whose seqno is
+// forged to 2^40 ahead, and a HIGHEST_SEQNO claiming as much, are dropped
+// and counted: the real messages are all delivered once, in order, nothing
+// is held for ever, and no retransmission is asked for seqnos nobody sent.
+func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
+	for _, kind := range []string{"MSG", "HIGHEST_SEQNO"} {
+		t.Run(kind, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := &forger{
+					match:   func(h *nakack.Header) bool { return h.Type.String() == kind && h.Seqno == 2 },
+					rewrite: func(h nakack.Header) nakack.Header { h.Seqno += 1 << 40; return h },
+				}
+				g := &group{t: t, nak: make([]*nakack.NAKACK, 2), d: make([]*discard.Discard, 2)}
+				g.c = stacktest.StartSIM(t, 2, 1, func(i int) []stack.Protocol {
+					g.nak[i] = nakack.New(nakCfg())
+					ps := []stack.Protocol{g.nak[i], stable.New(stableCfg())}
+					if i == 1 {
+						return append([]stack.Protocol{f}, ps...)
+					}
+					return ps
+				})
+				for s := range 2 {
+					require.NoError(t, g.c.Channels[0].Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+				}
+				stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, g.nak[1], "dropped_too_far_ahead") == 1 }, "the forgery dropped and counted")
+				require.NoError(t, g.c.Channels[0].Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, 2, 8))))
+				stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[1].Len() == 3 }, "every real message delivered")
+				require.Empty(t, g.c.Recv[1].CheckExactlyOnce(g.c.Addresses()[:1], 3, true))
+				stacktest.WaitFor(t, time.Minute, g.allStable, "nothing held")
+				asked := stacktest.Stat(t, g.nak[1], "xmit_reqs_sent")
+				time.Sleep(time.Minute) // virtual: a minute in which nothing is missing
+				require.Equal(t, asked, stacktest.Stat(t, g.nak[1], "xmit_reqs_sent"), "no request for seqnos nobody sent")
+			})
+		})
+	}
+}

@@ -99,7 +99,7 @@ type Unicast2 struct {
 type stats struct {
 	sent, received, delivered, duplicates          atomic.Int64
 	xmitReqSent, xmitReqRecv, xmits, xmitMissing   atomic.Int64
-	firstSent, firstRecv, firstStale, firstDropped atomic.Int64
+	firstSent, firstRecv, firstStale, firstDropped, impossible atomic.Int64
 	stableSent, stableRecv, stableStale            atomic.Int64
 	resends, closed, reaped                        atomic.Int64
 }
@@ -174,6 +174,11 @@ func (u *Unicast2) Stop() {
 	clear(u.tombs)
 	clear(u.syncSent)
 }
+
+// MaxAhead is how far past the next seqno to deliver a message may be; one
+// further is dropped and counted, so a forged seqno cannot leave a gap
+// nobody can fill.
+const MaxAhead = 1 << 20
 
 // maxXmitBytes caps the payload one retransmission request is answered with.
 const maxXmitBytes = 1 << 20
@@ -391,6 +396,10 @@ func (u *Unicast2) handle(m *stack.Message) bool {
 
 func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 	u.st.received.Add(1)
+	if h.Seqno == 0 {
+		u.st.impossible.Add(1) // seqnos start at 1
+		return false
+	}
 	src := m.Src
 	now := time.Now()
 	u.mu.Lock()
@@ -412,6 +421,12 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 		delete(u.tombs, src)
 		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
 		u.recv[src] = e
+	}
+	if h.Seqno > e.next && h.Seqno-e.next >= MaxAhead {
+		// Forged or corrupt: a real one is resent once the gap closes.
+		u.mu.Unlock()
+		u.st.impossible.Add(1)
+		return false
 	}
 	e.used = now
 	if _, dup := e.buf[h.Seqno]; dup || h.Seqno < e.next {
@@ -714,6 +729,7 @@ func (u *Unicast2) Stats() []stack.Stat {
 		{Name: "send_first_seqno_received", Value: s.firstRecv.Load()},
 		{Name: "send_first_seqno_stale", Value: s.firstStale.Load()},
 		{Name: "dropped_unknown_connection", Value: s.firstDropped.Load()},
+		{Name: "dropped_impossible_seqno", Value: s.impossible.Load()},
 		{Name: "stables_sent", Value: s.stableSent.Load()},
 		{Name: "stables_received", Value: s.stableRecv.Load()},
 		{Name: "stale_stables_ignored", Value: s.stableStale.Load()},

@@ -422,3 +422,60 @@ func TestKeptMessagesHaveTheirSourceBeforeTheyAreShared(t *testing.T) {
 		require.Equal(t, []stack.Address{p.aa}, spy.srcs)
 	})
 }
+
+// forger rewrites the UNICAST2 header of the first data message on the way
+// up whose seqno is at.
+type forger struct {
+	stack.Base
+	mu      sync.Mutex
+	at      uint64
+	rewrite func(unicast2.Header) unicast2.Header
+	done    bool
+}
+
+func (f *forger) Name() string { return "FORGER" }
+func (f *forger) forge(m *stack.Message) {
+	h := hdr(m)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h != nil && len(m.Payload) > 0 && h.Seqno == f.at && !f.done {
+		f.done = true
+		nh := f.rewrite(*h)
+		m.PutHeader(stack.IDUNICAST2, &nh)
+	}
+}
+func (f *forger) Up(m *stack.Message) { f.forge(m); f.PassUp(m) }
+func (f *forger) UpBatch(b *stack.Batch) {
+	for _, m := range b.Msgs {
+		f.forge(m)
+	}
+	f.PassUpBatch(b)
+}
+
+// TestImpossibleSeqnosAreDroppedAndCounted: a data message whose seqno is
+// forged to 2^40 ahead, or to 0 (seqnos start at 1), is dropped and
+// counted; the real messages are all delivered once, in order, and nothing
+// is left waiting for a gap nobody can fill.
+func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
+	for name, rw := range map[string]func(unicast2.Header) unicast2.Header{
+		"far ahead": func(h unicast2.Header) unicast2.Header { h.Seqno += 1 << 40; return h },
+		"zero":      func(h unicast2.Header) unicast2.Header { h.Seqno, h.First = 0, true; return h },
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := &forger{at: 2, rewrite: rw}
+				p := newPair(t, 1, testConfig(), false, func(i int) []stack.Protocol {
+					if i == 1 {
+						return []stack.Protocol{f}
+					}
+					return nil
+				})
+				p.sendRange(t, 1, 3)
+				stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 3 }, "every real message delivered")
+				require.Equal(t, []int{1, 2, 3}, p.recvFrom())
+				require.EqualValues(t, 1, stacktest.Stat(t, p.u[1], "dropped_impossible_seqno"))
+				stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 }, "all acknowledged")
+			})
+		})
+	}
+}
