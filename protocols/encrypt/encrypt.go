@@ -144,10 +144,10 @@ type Encrypt struct {
 	stack.Base
 	cfg Config
 
-	mu      sync.RWMutex
-	send    *key
-	accept  map[uint32]*key
-	prefix  uint32
+	mu       sync.RWMutex
+	send     *key
+	accept   map[uint32]*key
+	prefix   uint32
 	counters [3]atomic.Uint64 // per lane (regular, OOB, internal)
 
 	rmu     sync.Mutex

@@ -67,8 +67,8 @@ type NAKACK struct {
 
 type stats struct {
 	sent, received, delivered, duplicates, nonMember, tooFar atomic.Int64
-	xmitReqSent, xmitReqRecv, xmits, gaps, highest   atomic.Int64
-	purged, stableEvents                             atomic.Int64
+	xmitReqSent, xmitReqRecv, xmits, gaps, highest           atomic.Int64
+	purged, stableEvents                                     atomic.Int64
 }
 
 // table holds one sender's messages from low to hr; hd is the highest

@@ -97,11 +97,11 @@ type Unicast2 struct {
 }
 
 type stats struct {
-	sent, received, delivered, duplicates          atomic.Int64
-	xmitReqSent, xmitReqRecv, xmits, xmitMissing   atomic.Int64
+	sent, received, delivered, duplicates                      atomic.Int64
+	xmitReqSent, xmitReqRecv, xmits, xmitMissing               atomic.Int64
 	firstSent, firstRecv, firstStale, firstDropped, impossible atomic.Int64
-	stableSent, stableRecv, stableStale            atomic.Int64
-	resends, closed, reaped                        atomic.Int64
+	stableSent, stableRecv, stableStale                        atomic.Int64
+	resends, closed, reaped                                    atomic.Int64
 }
 
 // sendEntry is the send window to one destination: seqnos low..next-1 are
