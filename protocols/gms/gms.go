@@ -141,6 +141,7 @@ type GMS struct {
 	merge         *mergeState
 	mergeN        uint64
 	joinRsp       chan *Header
+	askedCoord    stack.Address // whom askToJoin waits for; guarded by mu
 	leaveDone     chan struct{}
 	wake          chan struct{}
 
@@ -591,6 +592,13 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		}
 		g.enqueue(request{kind: reqJoin, addr: src, state: h.State})
 	case typeJoinRsp:
+		g.mu.Lock()
+		asked := g.askedCoord
+		g.mu.Unlock()
+		if src != asked {
+			g.msgsIgnored.Add(1) // not the member this one asked to join
+			return
+		}
 		select {
 		case g.joinRsp <- h:
 		default:
@@ -637,6 +645,13 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d nakack.Digest) {
 	g.mu.Unlock()
 	if cur == nil {
 		// Still joining: the view comes with the join answer.
+		g.msgsIgnored.Add(1)
+		return
+	}
+	// A view comes from a member of the current view or of the view itself
+	// (a merge leader); one that excludes this member only from a member of
+	// the current view. Anything else is forged or stray.
+	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) {
 		g.msgsIgnored.Add(1)
 		return
 	}
@@ -893,6 +908,14 @@ func (g *GMS) askToJoin(ctx context.Context, coord stack.Address) (*Header, erro
 		}
 		break
 	}
+	g.mu.Lock()
+	g.askedCoord = coord
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.askedCoord = stack.Address{}
+		g.mu.Unlock()
+	}()
 	g.send(coord, &Header{Type: typeJoinReq, State: g.joinWithState.Load()})
 	t := time.NewTimer(g.cfg.JoinTimeout)
 	defer t.Stop()
