@@ -258,7 +258,7 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 		if s%256 == 255 {
 			// Keep within a window of the receivers (no flow control in
 			// this stack).
-			stacktest.WaitFor(t, time.Minute, func() bool { return cols[0].Len() >= (members+1)*(s-255) }, "member 0 keeps up")
+			stacktest.WaitFor(t, 3*time.Minute, func() bool { return cols[0].Len() >= (members+1)*(s-255) }, "member 0 keeps up")
 		}
 	}
 	require.NoError(t, <-throwErr)

@@ -230,38 +230,6 @@ func TestOwnMulticastLostBelowIsStillDeliveredToSelf(t *testing.T) {
 	})
 }
 
-// forger rewrites, on the way up, the first message from src that match
-// takes: its NAKACK header gets what rewrite returns.
-type forger struct {
-	stack.Base
-	mu      sync.Mutex
-	match   func(*nakack.Header) bool
-	rewrite func(nakack.Header) nakack.Header
-	done    int
-}
-
-func (f *forger) Name() string { return "FORGER" }
-func (f *forger) forge(m *stack.Message) {
-	h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
-	if !ok {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.done == 0 && f.match(h) {
-		f.done++
-		nh := f.rewrite(*h)
-		m.PutHeader(stack.IDNAKACK, &nh)
-	}
-}
-func (f *forger) Up(m *stack.Message) { f.forge(m); f.PassUp(m) }
-func (f *forger) UpBatch(b *stack.Batch) {
-	for _, m := range b.Msgs {
-		f.forge(m)
-	}
-	f.PassUpBatch(b)
-}
-
 // TestImpossibleSeqnosAreDroppedAndCounted: a multicast whose seqno is
 // forged to 2^40 ahead, and a HIGHEST_SEQNO claiming as much, are dropped
 // and counted: the real messages are all delivered once, in order, nothing
@@ -270,10 +238,16 @@ func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
 	for _, kind := range []string{"MSG", "HIGHEST_SEQNO"} {
 		t.Run(kind, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				f := &forger{
-					match:   func(h *nakack.Header) bool { return h.Type.String() == kind && h.Seqno == 2 },
-					rewrite: func(h nakack.Header) nakack.Header { h.Seqno += 1 << 40; return h },
-				}
+				f := &stacktest.Forger{Forge: func(m *stack.Message) bool {
+					h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+					if !ok || h.Type.String() != kind || h.Seqno != 2 {
+						return false
+					}
+					nh := *h
+					nh.Seqno += 1 << 40
+					m.PutHeader(stack.IDNAKACK, &nh)
+					return true
+				}}
 				g := &group{t: t, nak: make([]*nakack.NAKACK, 2), d: make([]*discard.Discard, 2)}
 				g.c = stacktest.StartSIM(t, 2, 1, func(i int) []stack.Protocol {
 					g.nak[i] = nakack.New(nakCfg())

@@ -423,35 +423,6 @@ func TestKeptMessagesHaveTheirSourceBeforeTheyAreShared(t *testing.T) {
 	})
 }
 
-// forger rewrites the UNICAST2 header of the first data message on the way
-// up whose seqno is at.
-type forger struct {
-	stack.Base
-	mu      sync.Mutex
-	at      uint64
-	rewrite func(unicast2.Header) unicast2.Header
-	done    bool
-}
-
-func (f *forger) Name() string { return "FORGER" }
-func (f *forger) forge(m *stack.Message) {
-	h := hdr(m)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if h != nil && len(m.Payload) > 0 && h.Seqno == f.at && !f.done {
-		f.done = true
-		nh := f.rewrite(*h)
-		m.PutHeader(stack.IDUNICAST2, &nh)
-	}
-}
-func (f *forger) Up(m *stack.Message) { f.forge(m); f.PassUp(m) }
-func (f *forger) UpBatch(b *stack.Batch) {
-	for _, m := range b.Msgs {
-		f.forge(m)
-	}
-	f.PassUpBatch(b)
-}
-
 // TestImpossibleSeqnosAreDroppedAndCounted: a data message whose seqno is
 // forged to 2^40 ahead, or to 0 (seqnos start at 1), is dropped and
 // counted; the real messages are all delivered once, in order, and nothing
@@ -463,7 +434,15 @@ func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				f := &forger{at: 2, rewrite: rw}
+				f := &stacktest.Forger{Forge: func(m *stack.Message) bool {
+					h := hdr(m)
+					if h == nil || len(m.Payload) == 0 || h.Seqno != 2 {
+						return false
+					}
+					nh := rw(*h)
+					m.PutHeader(stack.IDUNICAST2, &nh)
+					return true
+				}}
 				p := newPair(t, 1, testConfig(), false, func(i int) []stack.Protocol {
 					if i == 1 {
 						return []stack.Protocol{f}
