@@ -133,6 +133,7 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 	const members, per, garbage, slack = 3, 2000, 100_000, 300
 	vars := secureVars(t, "", "")
 	chs, cols, _ := startFromConfig(t, "secure.toml", members, vars)
+	stacktest.LogStatsOnFailure(t, chs...)
 	addrs := make([]stack.Address, members)
 	var phys []netip.AddrPort
 	for i, ch := range chs {

@@ -220,11 +220,21 @@ func aad(dst []byte, h *Header, src, dest stack.Address, flags stack.Flags) []by
 	return stack.AppendUint16(dst, uint16(flags))
 }
 
-func nonce(h *Header) []byte {
-	var n [12]byte
-	binary.BigEndian.PutUint32(n[:4], h.Prefix)
-	binary.BigEndian.PutUint64(n[4:], h.Counter)
-	return n[:]
+// scratch holds a message's nonce and additional data while it is sealed
+// or opened. Both escape through the cipher.AEAD interface, so they are
+// pooled rather than allocated per message.
+type scratch struct {
+	nonce [12]byte
+	ad    []byte
+}
+
+var scratches = sync.Pool{New: func() any { return &scratch{ad: make([]byte, 0, 64)} }}
+
+// fill sets s to h's nonce and additional data.
+func (s *scratch) fill(h *Header, src, dest stack.Address, flags stack.Flags) {
+	binary.BigEndian.PutUint32(s.nonce[:4], h.Prefix)
+	binary.BigEndian.PutUint64(s.nonce[4:], h.Counter)
+	s.ad = aad(s.ad[:0], h, src, dest, flags)
 }
 
 // Down seals the whole message into the payload of a new one.
@@ -242,8 +252,10 @@ func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
 	// The inner source is the outer one (the transport's), so it is not
 	// encoded twice.
 	inner := stack.AppendMessage(make([]byte, 0, m.EncodedSize(m.Src)+k.aead.Overhead()), m, m.Src)
-	ad := aad(make([]byte, 0, 64), h, self, m.Dest, m.Flags)
-	out := stack.NewMessage(m.Dest, k.aead.Seal(inner[:0], nonce(h), inner, ad))
+	sc := scratches.Get().(*scratch)
+	sc.fill(h, self, m.Dest, m.Flags)
+	out := stack.NewMessage(m.Dest, k.aead.Seal(inner[:0], sc.nonce[:], inner, sc.ad))
+	scratches.Put(sc)
 	out.Src, out.Flags = m.Src, m.Flags
 	out.PutHeader(e.ID(), h)
 	e.encrypted.Add(1)
@@ -285,8 +297,10 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.unknownKey.Add(1)
 		return nil
 	}
-	ad := aad(make([]byte, 0, 64), h, m.Src, m.Dest, m.Flags)
-	pt, err := k.aead.Open(nil, nonce(h), m.Payload, ad)
+	sc := scratches.Get().(*scratch)
+	sc.fill(h, m.Src, m.Dest, m.Flags)
+	pt, err := k.aead.Open(nil, sc.nonce[:], m.Payload, sc.ad)
+	scratches.Put(sc)
 	if err != nil {
 		e.authFailures.Add(1)
 		return nil

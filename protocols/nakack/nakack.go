@@ -232,7 +232,7 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 		n.st.highest.Add(1)
 		n.mu.Lock()
 		if t := n.tables[m.Src]; t != nil && h.Seqno > t.hr {
-			if h.Seqno-t.hd > MaxAhead {
+			if h.Seqno-t.hd > maxAhead {
 				n.st.tooFar.Add(1)
 			} else {
 				t.hr = h.Seqno
@@ -243,11 +243,11 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 	return stack.Address{}, false
 }
 
-// MaxAhead is how far past the highest delivered seqno of a sender a
+// maxAhead is how far past the highest delivered seqno of a sender a
 // message or HIGHEST_SEQNO may be; one further is dropped and counted, so a
 // forged seqno cannot leave a gap nobody can fill. A real message that far
 // ahead is retransmitted once the gap closes.
-const MaxAhead = 1 << 20
+const maxAhead = 1 << 20
 
 // add puts m into its sender's table; OOB messages are delivered at once.
 func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
@@ -279,7 +279,7 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		n.st.duplicates.Add(1)
 		return false, nil
 	}
-	if seq-t.hd > MaxAhead {
+	if seq-t.hd > maxAhead {
 		n.st.tooFar.Add(1) // forged or corrupt: no sender gets this far ahead
 		return false, nil
 	}

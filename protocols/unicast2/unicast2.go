@@ -175,10 +175,10 @@ func (u *Unicast2) Stop() {
 	clear(u.syncSent)
 }
 
-// MaxAhead is how far past the next seqno to deliver a message may be; one
+// maxAhead is how far past the next seqno to deliver a message may be; one
 // further is dropped and counted, so a forged seqno cannot leave a gap
 // nobody can fill.
-const MaxAhead = 1 << 20
+const maxAhead = 1 << 20
 
 // maxXmitBytes caps the payload one retransmission request is answered with.
 const maxXmitBytes = 1 << 20
@@ -422,7 +422,7 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
 		u.recv[src] = e
 	}
-	if h.Seqno > e.next && h.Seqno-e.next >= MaxAhead {
+	if h.Seqno > e.next && h.Seqno-e.next >= maxAhead {
 		// Forged or corrupt: a real one is resent once the gap closes.
 		u.mu.Unlock()
 		u.st.impossible.Add(1)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -478,4 +479,28 @@ func (r *EventRecorder) Suspected() []stack.Address {
 		out = append(out, as...)
 	}
 	return out
+}
+
+// LogStatsOnFailure logs, if t fails, each channel's view and the non-zero
+// counters of its layers: what a test on real sockets, which cannot be
+// replayed, leaves to diagnose it by.
+func LogStatsOnFailure(t testing.TB, chs ...*stack.Channel) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, ch := range chs {
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s view %v:", ch.Name(), ch.View())
+			for _, ps := range ch.Stats() {
+				fmt.Fprintf(&b, "\n  %s:", ps.Protocol)
+				for _, s := range ps.Stats {
+					if s.Value != 0 {
+						fmt.Fprintf(&b, " %s=%d", s.Name, s.Value)
+					}
+				}
+			}
+			t.Log(b.String())
+		}
+	})
 }
