@@ -3,7 +3,14 @@
 // challenge; the joiner answers with an HMAC-SHA256 of the challenge and
 // both addresses under the secret; only then does the JOIN_REQ reach GMS.
 // The secret never travels. A joiner whose proof is wrong gets
-// stack.ErrAuthFailed from Connect, and no view ever lists it. Merges are
+// stack.ErrAuthFailed from Connect, and no view ever lists it.
+//
+// The proof goes both ways: the challenge carries the coordinator's own
+// HMAC, so a joiner knows whether its coordinator holds the secret. A
+// REJECT cannot be authenticated (it goes to a joiner with another
+// secret), so a joiner believes it only if no challenge from that
+// coordinator proved the secret within reject_grace: a REJECT forged in
+// the coordinator's name cannot turn away a joiner that has the secret. Merges are
 // authenticated the same way: MERGE_REQ, MERGE_RSP and INSTALL_VIEW from a
 // member outside this member's view wait until it has proved itself, so a
 // group with another secret never merges in. Place AUTH directly below
@@ -32,10 +39,13 @@ type Config struct {
 	SecretFile string        `toml:"secret_file" doc:"file holding the group secret"`
 	SecretEnv  string        `toml:"secret_env" doc:"environment variable holding the group secret, used when secret_file is empty"`
 	Timeout    time.Duration `toml:"challenge_timeout" doc:"how long a coordinator keeps a challenged JOIN_REQ waiting for its answer"`
+	Grace      time.Duration `toml:"reject_grace" doc:"how long a joiner waits, after a REJECT, for a challenge proving the coordinator knows the secret, before it believes the REJECT"`
 }
 
 // DefaultConfig reads the secret from STRATA_AUTH_SECRET.
-func DefaultConfig() Config { return Config{SecretEnv: "STRATA_AUTH_SECRET", Timeout: 5 * time.Second} }
+func DefaultConfig() Config {
+	return Config{SecretEnv: "STRATA_AUTH_SECRET", Timeout: 5 * time.Second, Grace: time.Second}
+}
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -44,6 +54,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("secret_file", "set secret_file or secret_env: the secret never comes from the config itself")
 	case c.Timeout <= 0:
 		return stack.BadKey("challenge_timeout", "must be > 0, got %s", c.Timeout)
+	case c.Grace <= 0:
+		return stack.BadKey("reject_grace", "must be > 0, got %s", c.Grace)
 	}
 	return nil
 }
@@ -57,13 +69,13 @@ func init() {
 	})
 	stack.RegisterHeader(stack.HeaderType{ID: stack.IDAUTH, Name: "AUTH", Decode: decodeHeader,
 		Samples: func() []stack.Header {
-			return []stack.Header{&Header{Type: typeChallenge, Nonce: make([]byte, nonceLen)},
+			return []stack.Header{&Header{Type: typeChallenge, Nonce: make([]byte, nonceLen), MAC: make([]byte, sha256.Size)},
 				&Header{Type: typeResponse, Nonce: make([]byte, nonceLen), MAC: make([]byte, sha256.Size)}, &Header{Type: typeReject}}
 		}})
 }
 
 const (
-	typeChallenge uint8 = 1 // coordinator -> joiner: prove it
+	typeChallenge uint8 = 1 // coordinator -> joiner: prove it (and the coordinator's own proof)
 	typeResponse  uint8 = 2 // joiner -> coordinator: the proof
 	typeReject    uint8 = 3 // coordinator -> joiner: wrong proof
 	nonceLen            = 16
@@ -118,15 +130,19 @@ type Auth struct {
 	pending map[stack.Address]*pending
 	view    *stack.View
 	trusted map[stack.Address]bool // proved the secret (members of the view are trusted too)
+	proved  map[stack.Address]bool // coordinators whose challenge proved the secret
+	doubted map[stack.Address]bool // coordinators whose REJECT waits out the grace
 
 	challenges, accepted, rejected, refusedHere, ignored atomic.Int64
+	badChallenges, forgedRejects                         atomic.Int64
 }
 
 var _ stack.Protocol = (*Auth)(nil)
 
 // New returns an AUTH layer.
 func New(cfg Config) *Auth {
-	return &Auth{cfg: cfg, pending: map[stack.Address]*pending{}, trusted: map[stack.Address]bool{}}
+	return &Auth{cfg: cfg, pending: map[stack.Address]*pending{}, trusted: map[stack.Address]bool{},
+		proved: map[stack.Address]bool{}, doubted: map[stack.Address]bool{}}
 }
 
 // guarded reports whether m is membership traffic that must come from a
@@ -186,12 +202,18 @@ func (a *Auth) SetSecret(s []byte) error {
 	return nil
 }
 
-// proof is HMAC-SHA256(secret, "strata-auth-join" | nonce | joiner | coordinator).
-func (a *Auth) proof(nonce []byte, joiner, coord stack.Address) []byte {
+// Labels keep the joiner's and the coordinator's proofs apart.
+const (
+	joinerProof = "strata-auth-join"
+	coordProof  = "strata-auth-challenge"
+)
+
+// proof is HMAC-SHA256(secret, label | nonce | joiner | coordinator).
+func (a *Auth) proof(label string, nonce []byte, joiner, coord stack.Address) []byte {
 	a.mu.Lock()
 	mac := hmac.New(sha256.New, a.secret)
 	a.mu.Unlock()
-	mac.Write([]byte("strata-auth-join"))
+	mac.Write([]byte(label))
 	mac.Write(nonce)
 	mac.Write(stack.AppendAddress(nil, joiner))
 	mac.Write(stack.AppendAddress(nil, coord))
@@ -253,7 +275,7 @@ func (a *Auth) challenge(m *stack.Message) {
 	a.pending[m.Src] = &pending{nonce: nonce, req: m, at: now}
 	a.mu.Unlock()
 	a.challenges.Add(1)
-	a.send(m.Src, &Header{Type: typeChallenge, Nonce: nonce})
+	a.send(m.Src, &Header{Type: typeChallenge, Nonce: nonce, MAC: a.proof(coordProof, nonce, m.Src, a.LocalAddress())})
 }
 
 func (a *Auth) handle(src stack.Address, h *Header) {
@@ -264,7 +286,19 @@ func (a *Auth) handle(src stack.Address, h *Header) {
 			a.ignored.Add(1)
 			return
 		}
-		a.send(src, &Header{Type: typeResponse, Nonce: h.Nonce, MAC: a.proof(h.Nonce, self, src)})
+		if hmac.Equal(h.MAC, a.proof(coordProof, h.Nonce, self, src)) {
+			a.mu.Lock()
+			if len(a.proved) >= maxPending {
+				clear(a.proved)
+			}
+			a.proved[src] = true
+			a.mu.Unlock()
+		} else {
+			// Forged, or a coordinator with another secret: answer all the
+			// same, so the latter can refuse us.
+			a.badChallenges.Add(1)
+		}
+		a.send(src, &Header{Type: typeResponse, Nonce: h.Nonce, MAC: a.proof(joinerProof, h.Nonce, self, src)})
 	case typeResponse:
 		a.mu.Lock()
 		p := a.pending[src]
@@ -275,7 +309,7 @@ func (a *Auth) handle(src stack.Address, h *Header) {
 		}
 		delete(a.pending, src)
 		a.mu.Unlock()
-		if !hmac.Equal(h.MAC, a.proof(p.nonce, src, self)) {
+		if !hmac.Equal(h.MAC, a.proof(joinerProof, p.nonce, src, self)) {
 			a.rejected.Add(1)
 			a.Log().Warn("auth: a joiner failed to prove it knows the group secret", "joiner", src)
 			a.send(src, &Header{Type: typeReject})
@@ -294,11 +328,43 @@ func (a *Auth) handle(src stack.Address, h *Header) {
 		if a.joined() {
 			return // a merge was refused; GMS's merge times out
 		}
-		m := stack.NewMessage(self, nil)
-		m.Src = src
-		m.PutHeader(stack.IDGMS, gms.JoinRefusal(gms.AuthFailed))
-		a.PassUp(m)
+		a.mu.Lock()
+		wait := !a.doubted[src] && len(a.doubted) < maxPending
+		if wait {
+			a.doubted[src] = true
+		}
+		a.mu.Unlock()
+		if !wait {
+			a.ignored.Add(1) // one REJECT per coordinator is weighed at a time
+			return
+		}
+		a.Go(func(done <-chan struct{}) { a.weighReject(src, done) })
 	}
+}
+
+// weighReject believes src's REJECT after the grace, unless src proved it
+// knows the secret meanwhile (then the REJECT was forged) or this member
+// has joined.
+func (a *Auth) weighReject(src stack.Address, done <-chan struct{}) {
+	t := time.NewTimer(a.cfg.Grace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-done:
+		return
+	}
+	a.mu.Lock()
+	delete(a.doubted, src)
+	forged := a.proved[src]
+	a.mu.Unlock()
+	if forged || a.joined() {
+		a.forgedRejects.Add(1)
+		return
+	}
+	m := stack.NewMessage(a.LocalAddress(), nil)
+	m.Src = src
+	m.PutHeader(stack.IDGMS, gms.JoinRefusal(gms.AuthFailed))
+	a.PassUp(m)
 }
 
 func (a *Auth) joined() bool {
@@ -315,5 +381,7 @@ func (a *Auth) Stats() []stack.Stat {
 		{Name: "joiners_rejected", Value: a.rejected.Load()},
 		{Name: "rejected_here", Value: a.refusedHere.Load()},
 		{Name: "ignored", Value: a.ignored.Load()},
+		{Name: "challenges_without_proof", Value: a.badChallenges.Load()},
+		{Name: "forged_rejects_ignored", Value: a.forgedRejects.Load()},
 	}
 }

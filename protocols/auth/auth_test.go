@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,4 +86,49 @@ func TestMergeNeedsTheSecretToo(t *testing.T) {
 			})
 		})
 	}
+}
+
+// rejectForger sits below a joiner's AUTH and, before the first CHALLENGE,
+// passes up a REJECT in the challenger's name: what an attacker on the
+// network who sees the JOIN_REQ could send.
+type rejectForger struct {
+	stack.Base
+	forged atomic.Bool
+}
+
+func (f *rejectForger) Name() string { return "REJECT_FORGER" }
+func (f *rejectForger) Up(m *stack.Message) {
+	if h, ok := m.Header(stack.IDAUTH).(*auth.Header); ok && auth.IsChallenge(h) && f.forged.CompareAndSwap(false, true) {
+		r := stack.NewMessage(f.LocalAddress(), nil).Set(stack.Internal | stack.OOB)
+		r.Src = m.Src
+		r.PutHeader(stack.IDAUTH, auth.Reject())
+		f.PassUp(r)
+	}
+	f.PassUp(m)
+}
+func (f *rejectForger) UpBatch(b *stack.Batch) {
+	for _, m := range b.Msgs {
+		f.Up(m)
+	}
+}
+
+// TestForgedRejectDoesNotTurnAwayAJoinerWithTheSecret: a REJECT in the
+// coordinator's name reaches the joiner before the coordinator's
+// challenge. The challenge proves the coordinator holds the secret, so the
+// joiner takes the REJECT for a forgery and joins.
+func TestForgedRejectDoesNotTurnAwayAJoinerWithTheSecret(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		const secret = "the group's secret, 32 bytes ok!"
+		a, _ := add(t, l, secret)
+		l.ConnectAll(a)
+		b, ba := add(t, l, secret)
+		f := &rejectForger{}
+		require.NoError(t, b.Ch.Stack().InsertBelow(f, "AUTH"))
+		require.NoError(t, b.Ch.Connect(context.Background(), "test"))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(a, b) }, "A and B in one view")
+		require.True(t, f.forged.Load(), "a REJECT was forged")
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, ba, "forged_rejects_ignored") == 1 }, "the forged REJECT counted")
+		require.Zero(t, stacktest.Stat(t, ba, "challenges_without_proof"))
+	})
 }
