@@ -110,7 +110,8 @@ type ackWait struct {
 type mergeState struct {
 	id    MergeID
 	until time.Time
-	rsps  chan *mergeRsp // the leader's; nil for a participant
+	rsps  chan *mergeRsp         // the leader's; nil for a participant
+	asked map[stack.Address]bool // the leader's: coordinators yet to answer; guarded by GMS.mu
 }
 
 type mergeRsp struct {
@@ -616,14 +617,22 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 	case typeMergeReq:
 		g.handleMergeReq(src, h)
 	case typeMergeRsp:
+		// One answer from each coordinator asked: any other is stray or
+		// forged (merge ids are not secret).
 		g.mu.Lock()
 		ms := g.merge
+		ok := ms != nil && ms.rsps != nil && ms.id == h.MergeID && ms.asked[src]
+		if ok {
+			delete(ms.asked, src)
+		}
 		g.mu.Unlock()
-		if ms != nil && ms.rsps != nil && ms.id == h.MergeID {
-			select {
-			case ms.rsps <- &mergeRsp{from: src, h: h}:
-			default:
-			}
+		if !ok {
+			g.msgsIgnored.Add(1)
+			return
+		}
+		select {
+		case ms.rsps <- &mergeRsp{from: src, h: h}:
+		default:
 		}
 	case typeCancelMerge:
 		g.mu.Lock()
@@ -1021,6 +1030,12 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	if len(others) == 0 {
 		return
 	}
+	g.mu.Lock()
+	ms.asked = map[stack.Address]bool{}
+	for _, c := range others {
+		ms.asked[c] = true
+	}
+	g.mu.Unlock()
 	g.merges.Add(1)
 	g.Log().Info("merging subgroups", "coordinators", append([]stack.Address{self}, others...))
 	for _, c := range others {

@@ -3,6 +3,7 @@ package gms_test
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -252,5 +253,73 @@ func TestConcurrentJoinsAndMessagesUnderLoss(t *testing.T) {
 		for i, m := range ms {
 			require.Empty(t, m.Col.CheckExactlyOnce(addrs, per, true), "member %d", i)
 		}
+	})
+}
+
+// mergeRspForger sits below GMS and, for every MERGE_RSP coming up, passes
+// up first a forged one from an outsider (a subgroup of its own, with the
+// right merge id), then the real one twice.
+type mergeRspForger struct {
+	stack.Base
+	outsider stack.Address
+	forged   atomic.Int64
+}
+
+func (f *mergeRspForger) Name() string { return "MERGE_RSP_FORGER" }
+func (f *mergeRspForger) Up(m *stack.Message) {
+	h, ok := m.Header(stack.IDGMS).(*gms.Header)
+	if !ok || h.Kind() != "MERGE_RSP" || h.View == nil {
+		f.PassUp(m)
+		return
+	}
+	fh := *h
+	fh.View = stack.NewView(f.outsider, h.View.ID.Seq+10, f.outsider)
+	fh.Digest = nil
+	fm := stack.NewMessage(m.Dest, nil)
+	fm.Src = f.outsider
+	fm.PutHeader(stack.IDGMS, &fh)
+	f.forged.Add(1)
+	f.PassUp(fm)
+	f.PassUp(m)
+	f.PassUp(m.Copy())
+}
+func (f *mergeRspForger) UpBatch(b *stack.Batch) {
+	for _, m := range b.Msgs {
+		f.Up(m)
+	}
+}
+
+// TestMergeTakesOneAnswerFromEachCoordinatorAsked: while two subgroups
+// merge, the leader also gets a MERGE_RSP from an outsider (with the right
+// merge id) and every real one twice. The merge view holds exactly the two
+// subgroups: the outsider's answer is ignored, and a duplicate does not
+// stand in for another coordinator's answer.
+func TestMergeTakesOneAnswerFromEachCoordinatorAsked(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(4)
+		outsider := stack.NewAddress()
+		var fs []*mergeRspForger
+		for _, m := range ms {
+			f := &mergeRspForger{outsider: outsider}
+			require.NoError(t, m.Ch.Stack().InsertBelow(f, "GMS"))
+			fs = append(fs, f)
+		}
+		left := []stack.Address{ms[0].Addr(), ms[1].Addr()}
+		right := []stack.Address{ms[2].Addr(), ms[3].Addr()}
+		l.Net.Partition(left, right)
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[:2]...) && grouptest.SameView(ms[2:]...) }, "two subgroups")
+		l.Net.Heal()
+		stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(ms...) }, "one merge view")
+		var forged int64
+		for _, f := range fs {
+			forged += f.forged.Load()
+		}
+		require.Positive(t, forged, "a MERGE_RSP was forged")
+		v := ms[0].Ch.View()
+		require.True(t, v.IsMerge())
+		require.False(t, v.Contains(outsider), "the outsider is not in %s", v)
+		require.Len(t, v.Members, 4)
+		grouptest.CheckViewHistories(t, ms)
 	})
 }
