@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 )
@@ -118,6 +119,12 @@ type Message struct {
 	Src     Address
 	Flags   Flags
 	Payload []byte
+	// From is the network address the message arrived from, set by a
+	// transport that has network addresses (zero otherwise, and on sent
+	// messages). It is never encoded; layers above that authenticate the
+	// sender (ENCRYPT) or learn addresses (discovery) use it instead of
+	// any address a message claims in its body.
+	From netip.AddrPort
 
 	transient atomic.Uint32
 	nh        uint8
@@ -266,7 +273,7 @@ func (m *Message) setHeaders(all []hdrEntry) {
 // headers and payload (the payload and headers are shared, not copied).
 // Transient flags are not copied.
 func (m *Message) Copy() *Message {
-	c := &Message{Dest: m.Dest, Src: m.Src, Flags: m.Flags, Payload: m.Payload, nh: m.nh, hdrs: m.hdrs}
+	c := &Message{Dest: m.Dest, Src: m.Src, Flags: m.Flags, Payload: m.Payload, From: m.From, nh: m.nh, hdrs: m.hdrs}
 	if len(m.more) > 0 {
 		c.more = append([]hdrEntry(nil), m.more...)
 	}

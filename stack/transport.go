@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync/atomic"
 )
 
@@ -12,6 +13,35 @@ import (
 type Transport interface {
 	Protocol
 	transportBase() *TransportBase
+}
+
+// SourceAuthenticator is implemented by a layer that proves who sealed
+// every message it passes up (ENCRYPT). A stack with one is not trusting its
+// network: its transport learns where a member is only through
+// AddressLearner, from messages that layer accepted, never from the
+// unauthenticated preamble of a datagram.
+type SourceAuthenticator interface {
+	Protocol
+	AuthenticatesSources()
+}
+
+// AddressLearner is implemented by a transport with network addresses. A
+// SourceAuthenticator calls LearnAddress for every message it accepted:
+// the member that sealed it (src) is at the network address the message
+// came from (m.From).
+type AddressLearner interface {
+	LearnAddress(src Address, from netip.AddrPort)
+}
+
+// Authenticated reports whether the stack has a SourceAuthenticator, so its
+// transport must learn addresses only from what that layer accepted.
+func (s *Stack) Authenticated() bool {
+	for _, p := range s.Protocols() {
+		if _, ok := p.(SourceAuthenticator); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TransportBase is embedded by transports (UDP, SIM). It sets message
@@ -133,10 +163,12 @@ func (t *TransportBase) Deliver(bt *Batch) {
 // Receive decodes a datagram holding a bundle and delivers its messages,
 // split by lane. Bundles of another cluster or wire version, malformed input,
 // own multicasts (already looped back) and unicasts for another member are
-// counted and dropped. data must not be reused: payloads alias it. It
-// returns the bundle's preamble and whether the bundle was accepted, so a
-// transport can learn the sender's physical address.
-func (t *TransportBase) Receive(data []byte) (BundleHeader, bool) {
+// counted and dropped. data must not be reused: payloads alias it. from is
+// the network address the datagram came from (zero on a transport without
+// network addresses); every message gets it as From. It returns the
+// bundle's preamble and whether the bundle was accepted, so a transport can
+// learn the sender's physical address.
+func (t *TransportBase) Receive(data []byte, from netip.AddrPort) (BundleHeader, bool) {
 	cluster := t.st.Cluster()
 	if cluster == "" {
 		t.counters.DroppedCluster.Add(1)
@@ -170,6 +202,7 @@ func (t *TransportBase) Receive(data []byte) (BundleHeader, bool) {
 			t.counters.DroppedNotForUs.Add(1)
 			continue
 		}
+		m.From = from
 		l := m.Lane()
 		b := bs[l]
 		if b == nil || b.Src != m.Src || b.Dest != m.Dest {

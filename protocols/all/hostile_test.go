@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,9 +79,9 @@ func (g *hostileGroup) inject(sel uint8, m *stack.Message) {
 		m.Dest = g.chs[0].Address()
 	}
 	t := g.chs[0].Stack().Protocols()[0].(interface {
-		Receive([]byte) (stack.BundleHeader, bool)
+		Receive([]byte, netip.AddrPort) (stack.BundleHeader, bool)
 	})
-	t.Receive(stack.EncodeBundle(nil, "hostile", src, m.Dest.IsZero(), m))
+	t.Receive(stack.EncodeBundle(nil, "hostile", src, m.Dest.IsZero(), m), netip.AddrPort{})
 }
 
 // forged builds a message carrying the header of protocol id decoded from

@@ -23,9 +23,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/strata-go/strata/internal/secret"
 	"github.com/strata-go/strata/stack"
@@ -35,13 +37,17 @@ import (
 // empty, from the environment variable key_env: one or more keys of 32
 // bytes in hex, one per line; the first is used to send, all are accepted.
 type Config struct {
-	KeyFile string `toml:"key_file" doc:"file with the group key(s): 64 hex digits per line, the first sends, all are accepted"`
-	KeyEnv  string `toml:"key_env" doc:"environment variable with the key(s), used when key_file is empty (same format, lines or commas)"`
-	Window  int    `toml:"replay_window" doc:"messages per sender a late message may lag the newest and still be accepted once"`
+	KeyFile string        `toml:"key_file" doc:"file with the group key(s): 64 hex digits per line, the first sends, all are accepted"`
+	KeyEnv  string        `toml:"key_env" doc:"environment variable with the key(s), used when key_file is empty (same format, lines or commas)"`
+	Window  int           `toml:"replay_window" doc:"messages per sender a late message may lag the newest and still be accepted once"`
+	MaxAge  time.Duration `toml:"max_age" doc:"a message sealed longer ago than this (by the sender's clock) is dropped: an earlier run's traffic, replayed; 0 turns the check off"`
 }
 
-// DefaultConfig reads the key from STRATA_ENCRYPT_KEY.
-func DefaultConfig() Config { return Config{KeyEnv: "STRATA_ENCRYPT_KEY", Window: 4096} }
+// DefaultConfig reads the key from STRATA_ENCRYPT_KEY and refuses messages
+// sealed more than 2 minutes ago.
+func DefaultConfig() Config {
+	return Config{KeyEnv: "STRATA_ENCRYPT_KEY", Window: 4096, MaxAge: 2 * time.Minute}
+}
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -50,6 +56,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("key_file", "set key_file or key_env: the key never comes from the config itself")
 	case c.Window < 64 || c.Window > 1<<20 || c.Window%64 != 0:
 		return stack.BadKey("replay_window", "must be a multiple of 64 in 64..1048576, got %d", c.Window)
+	case c.MaxAge != 0 && c.MaxAge < time.Second:
+		return stack.BadKey("max_age", "must be 0 (off) or at least 1s, got %s", c.MaxAge)
 	}
 	return nil
 }
@@ -62,32 +70,37 @@ func init() {
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
 	})
 	stack.RegisterHeader(stack.HeaderType{ID: stack.IDENCRYPT, Name: "ENCRYPT", Decode: decodeHeader,
-		Samples: func() []stack.Header { return []stack.Header{&Header{KeyID: 7, Prefix: 9, Counter: 1 << 40}} }})
+		Samples: func() []stack.Header {
+			return []stack.Header{&Header{KeyID: 7, Prefix: 9, Time: 1 << 30, Counter: 1 << 40}}
+		}})
 }
 
-// Header carries what the receiver needs to open a message.
+// Header carries what the receiver needs to open a message. All of it is
+// authenticated (it is part of the additional data).
 type Header struct {
 	KeyID   uint32
 	Prefix  uint32 // the sender instance's random nonce prefix
+	Time    uint32 // when the message was sealed, Unix seconds: an earlier run's replays are too old
 	Counter uint64 // the rest of the nonce; also the replay sequence
 }
 
 // Size returns the encoded length.
-func (h *Header) Size() int { return 16 }
+func (h *Header) Size() int { return 20 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = stack.AppendUint32(b, h.KeyID)
 	b = stack.AppendUint32(b, h.Prefix)
+	b = stack.AppendUint32(b, h.Time)
 	return stack.AppendUint64(b, h.Counter)
 }
 
 func (h *Header) String() string {
-	return fmt.Sprintf("ENCRYPT key=%08x nonce=%08x/%d", h.KeyID, h.Prefix, h.Counter)
+	return fmt.Sprintf("ENCRYPT key=%08x nonce=%08x/%d t=%d", h.KeyID, h.Prefix, h.Counter, h.Time)
 }
 
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
-	h := &Header{KeyID: r.Uint32(), Prefix: r.Uint32(), Counter: r.Uint64()}
+	h := &Header{KeyID: r.Uint32(), Prefix: r.Uint32(), Time: r.Uint32(), Counter: r.Uint64()}
 	return h, r.Err()
 }
 
@@ -153,10 +166,23 @@ type Encrypt struct {
 	rmu     sync.Mutex
 	windows map[stack.Address]map[windowKey]*window
 
-	encrypted, decrypted, authFailures, replays, unknownKey, unencrypted, malformed atomic.Int64
+	learner stack.AddressLearner // the transport, told where proven senders are
+
+	encrypted, decrypted, authFailures, replays, stale, unknownKey, unencrypted, malformed atomic.Int64
 }
 
-var _ stack.Protocol = (*Encrypt)(nil)
+var _ stack.SourceAuthenticator = (*Encrypt)(nil)
+
+// AuthenticatesSources marks ENCRYPT as the layer that proves senders: the
+// transport learns a member's network address only from messages ENCRYPT
+// opened, never from the clear preamble of a datagram.
+func (e *Encrypt) AuthenticatesSources() {}
+
+// Start finds the transport to tell where proven senders are.
+func (e *Encrypt) Start() error {
+	e.learner, _ = e.Stack().Transport().(stack.AddressLearner)
+	return nil
+}
 
 // New returns an ENCRYPT layer.
 func New(cfg Config) *Encrypt {
@@ -248,7 +274,7 @@ func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
 	// and a backlog on one lane cannot push its messages out of the window
 	// while another lane's move it on.
 	l := m.Lane()
-	h := &Header{KeyID: k.id, Prefix: prefix, Counter: uint64(l)<<laneShift | e.counters[l].Add(1)}
+	h := &Header{KeyID: k.id, Prefix: prefix, Time: uint32(time.Now().Unix()), Counter: uint64(l)<<laneShift | e.counters[l].Add(1)}
 	// The inner source is the outer one (the transport's), so it is not
 	// encoded twice.
 	inner := stack.AppendMessage(make([]byte, 0, m.EncodedSize(m.Src)+k.aead.Overhead()), m, m.Src)
@@ -266,6 +292,7 @@ func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
 // is not encrypted at all is dropped and counted.
 func (e *Encrypt) Up(m *stack.Message) {
 	if in := e.open(m); in != nil {
+		e.learn(in, netip.AddrPort{})
 		e.PassUp(in)
 	}
 }
@@ -273,8 +300,10 @@ func (e *Encrypt) Up(m *stack.Message) {
 // UpBatch opens each message of the batch.
 func (e *Encrypt) UpBatch(bt *stack.Batch) {
 	keep := bt.Msgs[:0]
+	var last netip.AddrPort
 	for _, m := range bt.Msgs {
 		if in := e.open(m); in != nil {
+			last = e.learn(in, last)
 			keep = append(keep, in)
 		}
 	}
@@ -282,6 +311,16 @@ func (e *Encrypt) UpBatch(bt *stack.Batch) {
 	if len(keep) > 0 {
 		e.PassUpBatch(bt)
 	}
+}
+
+// learn tells the transport that in's sender, proven by opening it, is at
+// the network address in came from; a batch's messages mostly share one,
+// which is told once (last is the one told before).
+func (e *Encrypt) learn(in *stack.Message, last netip.AddrPort) netip.AddrPort {
+	if e.learner != nil && in.From.IsValid() && in.From != last {
+		e.learner.LearnAddress(in.Src, in.From)
+	}
+	return in.From
 }
 
 func (e *Encrypt) open(m *stack.Message) *stack.Message {
@@ -309,6 +348,18 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.malformed.Add(1) // sealed for another lane: not sent as it is now
 		return nil
 	}
+	if e.cfg.MaxAge > 0 {
+		if age := time.Since(time.Unix(int64(h.Time), 0)); age > e.cfg.MaxAge || age < -e.cfg.MaxAge {
+			// Sealed before this window (or after it, by a clock far
+			// ahead): an earlier run's traffic, which the replay windows
+			// cannot know (they start empty with every run).
+			if e.stale.Add(1) == 1 {
+				e.Log().Warn("encrypt: dropping a message sealed outside max_age (a replay of an earlier run, or a sender whose clock is off)",
+					"src", m.Src, "age", age.Truncate(time.Second), "max_age", e.cfg.MaxAge)
+			}
+			return nil
+		}
+	}
 	if !e.fresh(m.Src, h) {
 		e.replays.Add(1)
 		return nil
@@ -318,6 +369,7 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.malformed.Add(1)
 		return nil
 	}
+	in.From = m.From
 	e.decrypted.Add(1)
 	return in
 }
@@ -399,6 +451,7 @@ func (e *Encrypt) Stats() []stack.Stat {
 		{Name: "decrypted", Value: e.decrypted.Load()},
 		{Name: "auth_failures", Value: e.authFailures.Load()},
 		{Name: "replays", Value: e.replays.Load()},
+		{Name: "stale", Value: e.stale.Load()},
 		{Name: "unknown_key", Value: e.unknownKey.Load()},
 		{Name: "unencrypted", Value: e.unencrypted.Load()},
 		{Name: "malformed", Value: e.malformed.Load()},

@@ -10,18 +10,22 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/strata-go/strata/stack"
 )
 
 // Config configures FRAG.
 type Config struct {
-	FragSize stack.Size `toml:"frag_size" doc:"largest payload sent in one message; larger ones are fragmented"`
-	MaxSize  stack.Size `toml:"max_message_size" doc:"largest message a receiver reassembles; bigger announcements are dropped and counted"`
+	FragSize stack.Size    `toml:"frag_size" doc:"largest payload sent in one message; larger ones are fragmented"`
+	MaxSize  stack.Size    `toml:"max_message_size" doc:"largest message a receiver reassembles; bigger announcements are dropped and counted"`
+	Expiry   time.Duration `toml:"partial_expiry" doc:"a partly received message that gets no fragment for this long is dropped and counted"`
 }
 
 // DefaultConfig returns FRAG's defaults.
-func DefaultConfig() Config { return Config{FragSize: 60000, MaxSize: 1 << 30} }
+func DefaultConfig() Config {
+	return Config{FragSize: 60000, MaxSize: 1 << 30, Expiry: 2 * time.Minute}
+}
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -30,6 +34,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("frag_size", "must be between 512 bytes and 65000 (below the transport's max_bundle_size), got %d", c.FragSize)
 	case c.MaxSize < c.FragSize:
 		return stack.BadKey("max_message_size", "must be >= frag_size (%d), got %d", c.FragSize, c.MaxSize)
+	case c.Expiry < time.Second:
+		return stack.BadKey("partial_expiry", "must be at least 1s, got %s", c.Expiry)
 	}
 	return nil
 }
@@ -93,7 +99,7 @@ type FRAG struct {
 	mu      sync.Mutex
 	partial map[key]*partial
 
-	fragmented, fragsSent, reassembled, fragsRecv, dropped, discarded atomic.Int64
+	fragmented, fragsSent, reassembled, fragsRecv, dropped, discarded, expired atomic.Int64
 }
 
 type key struct {
@@ -101,11 +107,15 @@ type key struct {
 	id  uint64
 }
 
+// partial is a message being reassembled. It holds the fragments that came
+// (their payloads, as received) and nothing more: what a fragment
+// announces costs nothing until fragments arrive to fill it.
 type partial struct {
-	buf   []byte
-	got   []bool
-	n     uint32
-	first *stack.Message // carries the headers and flags of the original
+	count   uint32
+	total   uint64
+	parts   map[uint32][]byte
+	first   *stack.Message // carries the headers and flags of the original
+	touched time.Time      // when the last fragment came
 }
 
 var _ stack.Protocol = (*FRAG)(nil)
@@ -118,6 +128,24 @@ func (f *FRAG) Name() string { return "FRAG" }
 
 // Init validates the config.
 func (f *FRAG) Init() error { return f.cfg.Validate() }
+
+// Start expires partial messages that stopped growing.
+func (f *FRAG) Start() error {
+	f.GoEvery(f.cfg.Expiry/4, f.expire)
+	return nil
+}
+
+func (f *FRAG) expire() {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, p := range f.partial {
+		if now.Sub(p.touched) >= f.cfg.Expiry {
+			delete(f.partial, k)
+			f.expired.Add(1)
+		}
+	}
+}
 
 // Down sends m whole or in fragments of frag_size.
 func (f *FRAG) Down(ctx context.Context, m *stack.Message) error {
@@ -163,21 +191,20 @@ func (f *FRAG) Up(m *stack.Message) {
 	f.mu.Lock()
 	p := f.partial[k]
 	if p == nil {
-		p = &partial{buf: make([]byte, h.Total), got: make([]bool, h.Count)}
+		p = &partial{count: h.Count, total: h.Total, parts: map[uint32][]byte{}}
 		f.partial[k] = p
 	}
-	if len(p.got) != int(h.Count) || len(p.buf) != int(h.Total) || p.got[h.Index] {
+	if p.count != h.Count || p.total != h.Total || p.parts[h.Index] != nil {
 		f.mu.Unlock()
 		f.dropped.Add(1)
 		return
 	}
-	copy(p.buf[uint64(h.Index)*fs:], m.Payload)
-	p.got[h.Index] = true
-	p.n++
+	p.parts[h.Index] = m.Payload
+	p.touched = time.Now()
 	if h.Index == 0 {
 		p.first = m
 	}
-	done := p.n == h.Count
+	done := uint32(len(p.parts)) == h.Count
 	if done {
 		delete(f.partial, k)
 	}
@@ -185,9 +212,13 @@ func (f *FRAG) Up(m *stack.Message) {
 	if !done {
 		return
 	}
+	buf := make([]byte, p.total)
+	for i, part := range p.parts {
+		copy(buf[uint64(i)*fs:], part)
+	}
 	whole := p.first.Copy()
 	whole.RemoveHeader(f.ID())
-	whole.Payload = p.buf
+	whole.Payload = buf
 	f.reassembled.Add(1)
 	f.PassUp(whole)
 }
@@ -221,6 +252,7 @@ func (f *FRAG) Stats() []stack.Stat {
 		{Name: "msgs_reassembled", Value: f.reassembled.Load()},
 		{Name: "fragments_dropped", Value: f.dropped.Load()},
 		{Name: "partial_discarded", Value: f.discarded.Load()},
+		{Name: "partial_expired", Value: f.expired.Load()},
 		{Name: "partial_in_progress", Value: int64(n)},
 	}
 }

@@ -230,9 +230,16 @@ func (m *Merge3) Check() {
 	_, _ = m.PassUpEvent(stack.Ev(stack.EvMerge, coords))
 }
 
-func (m *Merge3) handle(src stack.Address, h *Header) {
+// handle takes an announcement. Where the transport knows where the
+// datagram came from (from), that is the sender's physical address, not
+// the one its body names.
+func (m *Merge3) handle(src stack.Address, from netip.AddrPort, h *Header) {
 	if src == m.LocalAddress() || h.Info.Addr != src {
 		return
+	}
+	phys := h.Info.Physical
+	if from.IsValid() {
+		phys = from
 	}
 	m.received.Add(1)
 	if h.Info.Name != "" {
@@ -240,8 +247,8 @@ func (m *Merge3) handle(src stack.Address, h *Header) {
 			stack.SetLogicalName(src, h.Info.Name)
 		}
 	}
-	if h.Info.Physical.IsValid() {
-		_, _ = m.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: src, Physical: h.Info.Physical}))
+	if phys.IsValid() {
+		_, _ = m.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: src, Physical: phys}))
 	}
 	m.mu.Lock()
 	m.heard[src] = h
@@ -251,7 +258,7 @@ func (m *Merge3) handle(src stack.Address, h *Header) {
 // Up takes announcements; other messages pass.
 func (m *Merge3) Up(msg *stack.Message) {
 	if h, ok := msg.Header(m.ID()).(*Header); ok {
-		m.handle(msg.Src, h)
+		m.handle(msg.Src, msg.From, h)
 		return
 	}
 	m.PassUp(msg)
@@ -262,7 +269,7 @@ func (m *Merge3) UpBatch(bt *stack.Batch) {
 	bt.Keep(func(msg *stack.Message) bool {
 		h, ok := msg.Header(m.ID()).(*Header)
 		if ok {
-			m.handle(msg.Src, h)
+			m.handle(msg.Src, msg.From, h)
 		}
 		return !ok
 	})

@@ -144,7 +144,7 @@ type Discovery struct {
 	rounds  map[*round]struct{}
 	dynamic map[netip.AddrPort]struct{} // STATIC_PING: hosts that contacted us
 
-	reqSent, reqRecv, rspSent, rspRecv, whoHas, sendErrors atomic.Int64
+	reqSent, reqRecv, rspSent, rspRecv, whoHas, sendErrors, misdirected atomic.Int64
 }
 
 var _ stack.Protocol = (*Discovery)(nil)
@@ -301,14 +301,26 @@ func (d *Discovery) Up(m *stack.Message) {
 		d.PassUp(m)
 		return
 	}
-	d.handle(m.Src, h)
+	d.handle(m, h)
 }
 
-func (d *Discovery) handle(src stack.Address, h *Header) {
+// handle takes a request or an answer. The sender is where its datagram
+// came from (m.From), whatever physical address its body names: answers go
+// back to the asker, never to an address a request chose (a reflection
+// vector), and no one can point a member's address elsewhere.
+func (d *Discovery) handle(m *stack.Message, h *Header) {
+	src := m.Src
 	if src.IsZero() || src == d.LocalAddress() || h.Info.Addr != src {
 		return
 	}
-	d.learn(h.Info)
+	mi := h.Info
+	if m.From.IsValid() {
+		if mi.Physical.IsValid() && mi.Physical != m.From {
+			d.misdirected.Add(1)
+		}
+		mi.Physical = m.From
+	}
+	d.learn(mi)
 	switch h.Type {
 	case typeRequest:
 		d.reqRecv.Add(1)
@@ -321,7 +333,7 @@ func (d *Discovery) handle(src stack.Address, h *Header) {
 		d.rspRecv.Add(1)
 		d.mu.Lock()
 		for r := range d.rounds {
-			r.add(h.Info)
+			r.add(mi)
 		}
 		d.mu.Unlock()
 	}
@@ -372,7 +384,7 @@ func (d *Discovery) UpBatch(bt *stack.Batch) {
 	bt.Keep(func(m *stack.Message) bool {
 		h, ok := m.Header(d.ID()).(*Header)
 		if ok {
-			d.handle(m.Src, h)
+			d.handle(m, h)
 		}
 		return !ok
 	})
@@ -426,5 +438,6 @@ func (d *Discovery) Stats() []stack.Stat {
 		{Name: "who_has_requests", Value: d.whoHas.Load()},
 		{Name: "send_errors", Value: d.sendErrors.Load()},
 		{Name: "dynamic_hosts", Value: int64(ndyn)},
+		{Name: "physical_address_overridden", Value: d.misdirected.Load()},
 	}
 }

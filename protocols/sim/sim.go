@@ -6,6 +6,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/strata-go/strata/stack"
 )
@@ -88,7 +89,7 @@ func (s *SIM) receiveLoop(ep *endpoint, done <-chan struct{}) {
 		pkts = ep.take(pkts)
 		for i, p := range pkts {
 			s.net.Delivered.Add(1)
-			s.Receive(p)
+			s.Receive(p, netip.AddrPort{})
 			pkts[i] = nil
 		}
 	}
@@ -126,4 +127,4 @@ func (s *SIM) Down(ctx context.Context, m *stack.Message) error {
 
 // Inject hands raw bytes to the member as if they came from the network,
 // for tests of malformed input.
-func (s *SIM) Inject(pkt []byte) { s.Receive(pkt) }
+func (s *SIM) Inject(pkt []byte) { s.Receive(pkt, netip.AddrPort{}) }

@@ -11,14 +11,20 @@ import (
 )
 
 // addrCache maps logical addresses to the unicast socket address of their
-// transport. Discovery fills it (EvAddPhysicalAddress); every received
-// datagram refreshes its sender's entry. Entries of members that are not in
-// the current view expire after they have not been heard from for expiry.
+// transport. Discovery fills it (EvAddPhysicalAddress), and so does every
+// received datagram (a stack that trusts its network) or every message an
+// authenticating layer accepted (one that does not). Entries of members
+// that are not in the current view expire after they have not been heard
+// from for expiry; the cache holds at most max entries, and a new entry
+// beyond that pushes out one of a non-member.
 type addrCache struct {
 	expiry time.Duration
+	max    int
 	mu     sync.RWMutex
 	m      map[stack.Address]*physEntry
 	view   map[stack.Address]bool
+
+	evicted, refused atomic.Int64
 }
 
 type physEntry struct {
@@ -27,8 +33,8 @@ type physEntry struct {
 	seen atomic.Int64 // unix nanos
 }
 
-func newAddrCache(expiry time.Duration) *addrCache {
-	return &addrCache{expiry: expiry, m: map[stack.Address]*physEntry{}, view: map[stack.Address]bool{}}
+func newAddrCache(expiry time.Duration, max int) *addrCache {
+	return &addrCache{expiry: expiry, max: max, m: map[stack.Address]*physEntry{}, view: map[stack.Address]bool{}}
 }
 
 // learn records that a is at ap (now).
@@ -44,8 +50,33 @@ func (c *addrCache) learn(a stack.Address, ap netip.AddrPort) {
 	e = &physEntry{ap: ap, udp: net.UDPAddrFromAddrPort(ap)}
 	e.seen.Store(now)
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, known := c.m[a]; !known && !c.view[a] && len(c.m) >= c.max && !c.evictLocked() {
+		c.refused.Add(1) // full of members: nothing to push out
+		return
+	}
 	c.m[a] = e
-	c.mu.Unlock()
+}
+
+// evictLocked removes one entry of a non-member (the map's iteration order
+// picks which), and reports whether there was one.
+func (c *addrCache) evictLocked() bool {
+	for a := range c.m {
+		if !c.view[a] {
+			delete(c.m, a)
+			c.evicted.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// differs reports whether the cache holds an address for a other than ap.
+func (c *addrCache) differs(a stack.Address, ap netip.AddrPort) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.m[a]
+	return e != nil && e.ap != ap
 }
 
 func (c *addrCache) get(a stack.Address) *physEntry {

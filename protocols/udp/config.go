@@ -30,6 +30,7 @@ type Config struct {
 	McastRecvBuf stack.Size `toml:"mcast_recv_buf_size" doc:"receive buffer of the multicast socket"`
 
 	CacheExpiry   time.Duration `toml:"logical_addr_cache_expiration" doc:"how long the physical address of a member no longer in the view is kept"`
+	CacheMax      int           `toml:"logical_addr_cache_max_size" doc:"most physical addresses kept; beyond it a new one pushes out a non-member's"`
 	WhoHasTimeout time.Duration `toml:"who_has_cache_timeout" doc:"least time between two requests to discovery for the same unknown address"`
 }
 
@@ -41,7 +42,7 @@ func DefaultConfig() Config {
 		IPMcast: true, McastAddr: "228.8.8.8", McastPort: 45588, IPTTL: 1, McastLoop: true,
 		BundleSize: 64000, QueueLen: 10000, BatchSize: 64,
 		UcastRecvBuf: 4 << 20, UcastSendBuf: 1 << 20, McastRecvBuf: 4 << 20,
-		CacheExpiry: 360 * time.Second, WhoHasTimeout: 2 * time.Second,
+		CacheExpiry: 360 * time.Second, CacheMax: 2000, WhoHasTimeout: 2 * time.Second,
 	}
 }
 
@@ -74,6 +75,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("mcast_recv_buf_size", "must be > 0, got %d", c.McastRecvBuf)
 	case c.CacheExpiry <= 0:
 		return stack.BadKey("logical_addr_cache_expiration", "must be > 0, got %s", c.CacheExpiry)
+	case c.CacheMax < 2:
+		return stack.BadKey("logical_addr_cache_max_size", "must be >= 2, got %d", c.CacheMax)
 	case c.WhoHasTimeout <= 0:
 		return stack.BadKey("who_has_cache_timeout", "must be > 0, got %s", c.WhoHasTimeout)
 	}

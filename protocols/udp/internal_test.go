@@ -30,7 +30,7 @@ func TestSendQueueBlocksDropsAndHonoursCtx(t *testing.T) {
 }
 
 func TestAddrCacheExpiresOnlyNonMembers(t *testing.T) {
-	c := newAddrCache(time.Minute)
+	c := newAddrCache(time.Minute, 2000)
 	a, b, self := stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
 	pa := netip.MustParseAddrPort("127.0.0.1:7800")
 	pb := netip.MustParseAddrPort("127.0.0.1:7801")
@@ -67,7 +67,7 @@ func FuzzReceive(f *testing.F) {
 	}
 	defer ch.Close()
 	ch.Stack().SetCluster("fuzz")
-	u.cache = newAddrCache(time.Minute)
+	u.cache = newAddrCache(time.Minute, 2000)
 	from := netip.MustParseAddrPort("127.0.0.1:9")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		before := u.datagramsRecv.Load()

@@ -47,10 +47,11 @@ type UDP struct {
 	mpc   *ipv4.PacketConn
 	local netip.AddrPort
 
-	cache   *addrCache
-	queue   *sendQueue
-	bufPool sync.Pool
-	sndPool sync.Pool
+	cache         *addrCache
+	authenticated bool // the stack has a SourceAuthenticator: learn only what it proved
+	queue         *sendQueue
+	bufPool       sync.Pool
+	sndPool       sync.Pool
 
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
@@ -68,9 +69,13 @@ type UDP struct {
 	socketErrors    atomic.Int64
 	whoHasSent      atomic.Int64
 	expired         atomic.Int64
+	unprovenMoves   atomic.Int64
 }
 
-var _ stack.Transport = (*UDP)(nil)
+var (
+	_ stack.Transport      = (*UDP)(nil)
+	_ stack.AddressLearner = (*UDP)(nil)
+)
 
 // New returns a UDP transport with cfg.
 func New(cfg Config) *UDP { return &UDP{cfg: cfg} }
@@ -116,7 +121,8 @@ func (u *UDP) Start() error {
 			return err
 		}
 	}
-	u.cache = newAddrCache(u.cfg.CacheExpiry)
+	u.cache = newAddrCache(u.cfg.CacheExpiry, u.cfg.CacheMax)
+	u.authenticated = u.Stack().Authenticated()
 	u.queue = newSendQueue(u.cfg.QueueLen)
 	u.whoHas = map[stack.Address]time.Time{}
 	u.Log().Info("udp transport started", "local", u.local, "iface", u.iface.Name, "ip_mcast", u.cfg.IPMcast, "group", u.group)
@@ -254,14 +260,35 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 	}
 }
 
-// handleDatagram passes a received datagram to the stack and learns the
-// sender's physical address from it.
+// handleDatagram passes a received datagram to the stack. A stack that
+// trusts its network learns the sender's physical address from the
+// datagram's preamble; one with an authenticating layer (ENCRYPT) does not,
+// and counts the preambles that claim a known member is somewhere else
+// (LearnAddress takes what that layer proved).
 func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
 	u.datagramsRecv.Add(1)
 	u.bytesRecv.Add(int64(len(pkt)))
-	h, ok := u.Receive(pkt)
-	if ok && from.IsValid() && !h.Src.IsZero() && u.cache != nil {
-		u.cache.learn(h.Src, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
+	if from.IsValid() {
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	}
+	h, ok := u.Receive(pkt, from)
+	if !ok || !from.IsValid() || h.Src.IsZero() || h.Src == u.LocalAddress() || u.cache == nil {
+		return
+	}
+	if u.authenticated {
+		if u.cache.differs(h.Src, from) {
+			u.unprovenMoves.Add(1)
+		}
+		return
+	}
+	u.cache.learn(h.Src, from)
+}
+
+// LearnAddress records that src is at from: the authenticating layer
+// (ENCRYPT) accepted a message src sealed that came from there.
+func (u *UDP) LearnAddress(src stack.Address, from netip.AddrPort) {
+	if u.cache != nil && from.IsValid() && !src.IsZero() && src != u.LocalAddress() {
+		u.cache.learn(src, from)
 	}
 }
 
@@ -413,9 +440,9 @@ func (u *UDP) Stats() []stack.Stat {
 	if n := u.bundlesSent.Load(); n > 0 {
 		avg = u.bundleBytes.Load() / n
 	}
-	cacheSize := 0
+	cacheSize, evicted, refused := 0, int64(0), int64(0)
 	if u.cache != nil {
-		cacheSize = u.cache.size()
+		cacheSize, evicted, refused = u.cache.size(), u.cache.evicted.Load(), u.cache.refused.Load()
 	}
 	return append(u.TransportBase.Stats(),
 		stack.Stat{Name: "bundles_sent", Value: u.bundlesSent.Load()},
@@ -432,5 +459,8 @@ func (u *UDP) Stats() []stack.Stat {
 		stack.Stat{Name: "who_has_sent", Value: u.whoHasSent.Load()},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
 		stack.Stat{Name: "addr_cache_expired", Value: u.expired.Load()},
+		stack.Stat{Name: "addr_cache_evicted", Value: evicted},
+		stack.Stat{Name: "addr_cache_full_refused", Value: refused},
+		stack.Stat{Name: "addr_moves_unproven", Value: u.unprovenMoves.Load()},
 	)
 }
