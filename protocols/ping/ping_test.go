@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -166,4 +167,49 @@ func TestStaticPingLearnsMembersOutsideItsList(t *testing.T) {
 	found = a.d.FindMembers(context.Background(), 0, true)
 	require.Len(t, found, 1)
 	require.Equal(t, b.ch.Address(), found[0].Addr)
+}
+
+// TestAnswerGoesWhereTheRequestCameFrom: a discovery request whose body
+// names another host's address as the asker's (a reflection attack: aim a
+// group's answers at a victim) is answered to the address the request came
+// from; the member records the asker there too, and counts the mismatch.
+func TestAnswerGoesWhereTheRequestCameFrom(t *testing.T) {
+	t.Parallel()
+	cfg := udpConfig(t)
+	a := startUDP(t, cfg, ping.New(ping.DefaultConfig()), "reflect")
+	listen := func() *net.UDPConn {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	asker, victim := listen(), listen()
+	askerAt := asker.LocalAddr().(*net.UDPAddr).AddrPort()
+	victimAt := victim.LocalAddr().(*net.UDPAddr).AddrPort()
+
+	src := stack.NewAddress()
+	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.OOB | stack.DontBundle | stack.NoReliability)
+	m.Src = src
+	m.PutHeader(stack.IDPING, &ping.Header{Type: ping.TypeRequest, Info: stack.MemberInfo{Addr: src, Physical: victimAt}})
+	_, err := asker.WriteToUDPAddrPort(stack.EncodeBundle(nil, "reflect", src, false, m), a.u.PhysicalAddress())
+	require.NoError(t, err)
+
+	buf := make([]byte, 1<<16)
+	require.NoError(t, asker.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, from, err := asker.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err, "the answer reaches the asker")
+	require.Equal(t, a.u.PhysicalAddress(), from)
+	h, msgs, err := stack.DecodeBundle(buf[:n], "reflect")
+	require.NoError(t, err)
+	require.Equal(t, a.ch.Address(), h.Src)
+	require.Len(t, msgs, 1)
+	require.NotNil(t, msgs[0].Header(stack.IDPING), "a discovery answer")
+
+	phys, err := a.ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, src))
+	require.NoError(t, err)
+	require.Equal(t, askerAt, phys, "the asker is where its request came from")
+	require.EqualValues(t, 1, stacktest.Stat(t, a.d, "physical_address_overridden"))
+	require.NoError(t, victim.SetReadDeadline(time.Now()))
+	_, _, err = victim.ReadFromUDPAddrPort(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing was sent to the victim")
 }

@@ -51,8 +51,8 @@ func (c *addrCache) learn(a stack.Address, ap netip.AddrPort) {
 	e.seen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, known := c.m[a]; !known && !c.view[a] && len(c.m) >= c.max && !c.evictLocked() {
-		c.refused.Add(1) // full of members: nothing to push out
+	if _, known := c.m[a]; !known && len(c.m) >= c.max && !c.evictLocked() && !c.view[a] {
+		c.refused.Add(1) // full of members: nothing to push out (a member goes in all the same)
 		return
 	}
 	c.m[a] = e

@@ -77,3 +77,37 @@ func FuzzReceive(f *testing.F) {
 		}
 	})
 }
+
+// TestAddrCacheIsBoundedAndKeepsMembers: a flood of new sources (each an
+// empty bundle from a new address, in a stack that trusts its network)
+// cannot grow the cache past logical_addr_cache_max_size; what it pushes
+// out are non-members, never the view's members, which may exceed the
+// bound themselves.
+func TestAddrCacheIsBoundedAndKeepsMembers(t *testing.T) {
+	c := newAddrCache(time.Minute, 10)
+	members := make([]stack.Address, 12)
+	for i := range members {
+		members[i] = stack.NewAddress()
+	}
+	c.setView(stack.NewView(members[0], 1, members[:3]...))
+	pa := netip.MustParseAddrPort("127.0.0.1:7800")
+	for _, m := range members[:3] {
+		c.learn(m, pa)
+	}
+	for range 10_000 {
+		c.learn(stack.NewAddress(), pa)
+	}
+	require.Equal(t, 10, c.size())
+	require.EqualValues(t, 10_000-7, c.evicted.Load())
+	for _, m := range members[:3] {
+		require.NotNil(t, c.get(m), "a member is never pushed out")
+	}
+
+	c.setView(stack.NewView(members[0], 2, members...))
+	for _, m := range members {
+		c.learn(m, pa)
+	}
+	require.Equal(t, 12, c.size(), "a view larger than the bound is kept whole")
+	c.learn(stack.NewAddress(), pa)
+	require.EqualValues(t, 1, c.refused.Load(), "full of members: a newcomer is refused and counted")
+}

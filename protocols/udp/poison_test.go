@@ -1,0 +1,96 @@
+package udp_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/protocols/encrypt"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+// keyed is an ENCRYPT whose key was set in code (Init would read the
+// environment).
+type keyed struct{ *encrypt.Encrypt }
+
+func (k keyed) Init() error { return nil }
+
+func withKey(t *testing.T, key []byte) func() []stack.Protocol {
+	return func() []stack.Protocol {
+		e := encrypt.New(encrypt.DefaultConfig())
+		require.NoError(t, e.SetKeys(key))
+		return []stack.Protocol{keyed{e}}
+	}
+}
+
+// poison sends n empty bundles (no message at all, so nothing for ENCRYPT
+// to check) that name victim as their source, from an attacker's own port
+// to target, and returns the attacker's address.
+func poison(t *testing.T, cluster string, victim stack.Address, target netip.AddrPort, n int) netip.AddrPort {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	pkt := stack.EncodeBundle(nil, cluster, victim, false)
+	for range n {
+		_, err := c.WriteToUDPAddrPort(pkt, target)
+		require.NoError(t, err)
+	}
+	return c.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+func physicalOf(t *testing.T, at *member, of stack.Address) netip.AddrPort {
+	t.Helper()
+	v, err := at.ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, of))
+	require.NoError(t, err)
+	pa, _ := v.(netip.AddrPort)
+	return pa
+}
+
+// TestForgedPreambleCannotMoveAnAuthenticatedMembersAddress: an attacker
+// without the key sends empty bundles naming member A as their source from
+// its own port to B. With ENCRYPT in the stack, B learns addresses only
+// from what ENCRYPT opened, so A's address stays where it is, every forged
+// claim is counted, and A and B go on talking. Without ENCRYPT (a stack
+// that trusts its network, as udp.toml does) the same bundles move A's
+// address to the attacker: the attack is real, and only authentication
+// stops it.
+func TestForgedPreambleCannotMoveAnAuthenticatedMembersAddress(t *testing.T) {
+	t.Parallel()
+	const forged = 200
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	for _, secured := range []bool{true, false} {
+		var above func() []stack.Protocol
+		cluster := "poison-open"
+		if secured {
+			above, cluster = withKey(t, key), "poison-sealed"
+		}
+		ms := startMembers(t, 2, cluster, testConfig(t), above)
+		a, b := ms[0], ms[1]
+		real := a.udp.PhysicalAddress()
+		require.Equal(t, real, physicalOf(t, b, a.ch.Address()))
+		// A proven message first, so B has learnt A from ENCRYPT itself.
+		require.NoError(t, a.ch.SendTo(context.Background(), b.ch.Address(), []byte("before")))
+		stacktest.WaitFor(t, 10*time.Second, func() bool { return b.col.Len() == 1 }, "b gets a's first unicast")
+
+		attacker := poison(t, cluster, a.ch.Address(), b.udp.PhysicalAddress(), forged)
+		stacktest.WaitFor(t, 10*time.Second, func() bool {
+			return stacktest.Stat(t, b.udp, "datagrams_received") >= forged+1
+		}, "the forged bundles reached b")
+		if !secured {
+			require.Equal(t, attacker, physicalOf(t, b, a.ch.Address()), "a stack that trusts its network follows the preamble")
+			continue
+		}
+		require.Equal(t, real, physicalOf(t, b, a.ch.Address()), "a's address did not move")
+		require.EqualValues(t, forged, stacktest.Stat(t, b.udp, "addr_moves_unproven"), "every forged claim counted")
+		require.NoError(t, b.ch.SendTo(context.Background(), a.ch.Address(), []byte("after")))
+		stacktest.WaitFor(t, 10*time.Second, func() bool { return a.col.Len() == 1 }, "a gets b's unicast")
+	}
+}
