@@ -148,46 +148,10 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 	defer thrower.Close()
 	throwerAddr := thrower.LocalAddr().(*net.UDPAddr).AddrPort()
 
-	// A sniffer in the group records the group's datagrams to replay and
-	// damage (not the thrower's own).
-	group := netip.MustParseAddr(vars["STRATA_MCAST_ADDR"])
-	mp, err := strconv.Atoi(vars["STRATA_MCAST_PORT"])
-	require.NoError(t, err)
-	mport := uint16(mp)
-	lcfg := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
-		return errors.Join(err, serr)
-	}}
-	lc, err := lcfg.ListenPacket(context.Background(), "udp4", netip.AddrPortFrom(group, mport).String())
-	require.NoError(t, err)
-	pc := ipv4.NewPacketConn(lc)
-	lo, err := net.InterfaceByName("lo")
-	require.NoError(t, err)
-	require.NoError(t, pc.JoinGroup(lo, &net.UDPAddr{IP: group.AsSlice()}))
-	var smu sync.Mutex
-	var sniffed [][]byte
+	group, mport := groupOf(t, vars)
+	sniffed := sniff(t, group, mport, throwerAddr)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer lc.Close()
-	wg.Go(func() {
-		buf := make([]byte, 1<<16)
-		for {
-			n, from, err := lc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if ua, ok := from.(*net.UDPAddr); ok && ua.AddrPort() == throwerAddr {
-				continue
-			}
-			smu.Lock()
-			if len(sniffed) < 500 {
-				sniffed = append(sniffed, append([]byte(nil), buf[:n]...))
-			}
-			smu.Unlock()
-		}
-	})
-
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	base := int64(0)
@@ -208,11 +172,9 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 		rng := mrand.New(mrand.NewPCG(1, 2))
 		for i := 0; i < garbage; i++ {
 			var real []byte
-			smu.Lock()
-			if len(sniffed) > 0 {
-				real = sniffed[rng.IntN(len(sniffed))]
+			if got := sniffed(); len(got) > 0 {
+				real = got[rng.IntN(len(got))]
 			}
-			smu.Unlock()
 			var d []byte
 			switch {
 			case real == nil || i%4 == 0:
@@ -286,4 +248,57 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 		require.Equal(t, members, len(ch.View().Members), "the garbage cost nobody their membership")
 	}
 	t.Logf("garbage datagrams: %d thrown, %d arrivals at members; drops counted: %d", garbage, arrivals, counted())
+}
+
+// groupOf returns the multicast group and port vars give a config.
+func groupOf(t *testing.T, vars map[string]string) (netip.Addr, uint16) {
+	t.Helper()
+	mp, err := strconv.Atoi(vars["STRATA_MCAST_PORT"])
+	require.NoError(t, err)
+	return netip.MustParseAddr(vars["STRATA_MCAST_ADDR"]), uint16(mp)
+}
+
+// sniff joins the group on loopback and records up to 500 of the group's
+// datagrams (not those from skip), for an attacker to replay and damage.
+// It returns what it has recorded so far; it stops when the test ends.
+func sniff(t *testing.T, group netip.Addr, port uint16, skip netip.AddrPort) func() [][]byte {
+	t.Helper()
+	lcfg := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+		return errors.Join(err, serr)
+	}}
+	lc, err := lcfg.ListenPacket(context.Background(), "udp4", netip.AddrPortFrom(group, port).String())
+	require.NoError(t, err)
+	pc := ipv4.NewPacketConn(lc)
+	lo, err := net.InterfaceByName("lo")
+	require.NoError(t, err)
+	require.NoError(t, pc.JoinGroup(lo, &net.UDPAddr{IP: group.AsSlice()}))
+	var mu sync.Mutex
+	var got [][]byte
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	t.Cleanup(func() { _ = lc.Close() })
+	wg.Go(func() {
+		buf := make([]byte, 1<<16)
+		for {
+			n, from, err := lc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if ua, ok := from.(*net.UDPAddr); ok && ua.AddrPort() == skip {
+				continue
+			}
+			mu.Lock()
+			if len(got) < 500 {
+				got = append(got, append([]byte(nil), buf[:n]...))
+			}
+			mu.Unlock()
+		}
+	})
+	return func() [][]byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
 }

@@ -4,8 +4,16 @@
 // can be rotated: accept old and new, send with the new), a nonce made of a
 // random per-instance prefix and a per-lane counter (never reused), and is
 // checked against a replay window per sender and lane, so a recorded
-// datagram is not delivered twice. A message that fails any check is dropped and counted;
+// datagram is not delivered twice. The time it was sealed and the sender's
+// network address are authenticated too: an earlier run's traffic is
+// refused as stale (max_age), and a datagram relayed from another address
+// does not open. A message that fails any check is dropped and counted;
 // nothing of it reaches the layers above.
+//
+// ENCRYPT is the stack's SourceAuthenticator: with it, the transport
+// learns where a member is only from messages ENCRYPT opened, never from
+// the clear preamble of a datagram, so an outsider cannot redirect a
+// member's traffic.
 //
 // Place ENCRYPT right above the transport. Its flags, source and
 // destination stay in the clear (the transport needs them) but are
@@ -166,7 +174,9 @@ type Encrypt struct {
 	rmu     sync.Mutex
 	windows map[stack.Address]map[windowKey]*window
 
-	learner stack.AddressLearner // the transport, told where proven senders are
+	// Set at Start, while the transport may already pass messages up.
+	learner atomic.Pointer[stack.AddressLearner] // the transport, told where proven senders are
+	phys    atomic.Pointer[netip.AddrPort]       // this member's network address, sealed into every message
 
 	encrypted, decrypted, authFailures, replays, stale, unknownKey, unencrypted, malformed atomic.Int64
 }
@@ -178,9 +188,17 @@ var _ stack.SourceAuthenticator = (*Encrypt)(nil)
 // opened, never from the clear preamble of a datagram.
 func (e *Encrypt) AuthenticatesSources() {}
 
-// Start finds the transport to tell where proven senders are.
+// Start finds the transport to tell where proven senders are, and this
+// member's network address (zero on a transport without one, such as SIM).
 func (e *Encrypt) Start() error {
-	e.learner, _ = e.Stack().Transport().(stack.AddressLearner)
+	if l, ok := e.Stack().Transport().(stack.AddressLearner); ok {
+		e.learner.Store(&l)
+	}
+	var phys netip.AddrPort
+	if v, _ := e.PassDownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{})); v != nil {
+		phys, _ = v.(netip.AddrPort)
+	}
+	e.phys.Store(&phys)
 	return nil
 }
 
@@ -239,11 +257,18 @@ func (e *Encrypt) SetKeys(send []byte, also ...[]byte) error {
 }
 
 // aad binds the fields that stay in the clear.
-func aad(dst []byte, h *Header, src, dest stack.Address, flags stack.Flags) []byte {
+// The sender's network address is bound too: a sealed datagram that
+// arrives from anywhere else (an attacker relaying it from its own port
+// before the original arrives) does not open, so an opened message proves
+// where its sender is, and the transport may learn it.
+func aad(dst []byte, h *Header, src, dest stack.Address, flags stack.Flags, phys netip.AddrPort) []byte {
 	dst = h.AppendTo(dst)
 	dst = stack.AppendAddress(dst, src)
 	dst = stack.AppendAddress(dst, dest)
-	return stack.AppendUint16(dst, uint16(flags))
+	dst = stack.AppendUint16(dst, uint16(flags))
+	ip := phys.Addr().As16()
+	dst = append(dst, ip[:]...)
+	return stack.AppendUint16(dst, phys.Port())
 }
 
 // scratch holds a message's nonce and additional data while it is sealed
@@ -257,10 +282,10 @@ type scratch struct {
 var scratches = sync.Pool{New: func() any { return &scratch{ad: make([]byte, 0, 64)} }}
 
 // fill sets s to h's nonce and additional data.
-func (s *scratch) fill(h *Header, src, dest stack.Address, flags stack.Flags) {
+func (s *scratch) fill(h *Header, src, dest stack.Address, flags stack.Flags, phys netip.AddrPort) {
 	binary.BigEndian.PutUint32(s.nonce[:4], h.Prefix)
 	binary.BigEndian.PutUint64(s.nonce[4:], h.Counter)
-	s.ad = aad(s.ad[:0], h, src, dest, flags)
+	s.ad = aad(s.ad[:0], h, src, dest, flags, phys)
 }
 
 // Down seals the whole message into the payload of a new one.
@@ -279,7 +304,11 @@ func (e *Encrypt) Down(ctx context.Context, m *stack.Message) error {
 	// encoded twice.
 	inner := stack.AppendMessage(make([]byte, 0, m.EncodedSize(m.Src)+k.aead.Overhead()), m, m.Src)
 	sc := scratches.Get().(*scratch)
-	sc.fill(h, self, m.Dest, m.Flags)
+	var phys netip.AddrPort
+	if p := e.phys.Load(); p != nil {
+		phys = *p
+	}
+	sc.fill(h, self, m.Dest, m.Flags, phys)
 	out := stack.NewMessage(m.Dest, k.aead.Seal(inner[:0], sc.nonce[:], inner, sc.ad))
 	scratches.Put(sc)
 	out.Src, out.Flags = m.Src, m.Flags
@@ -317,8 +346,8 @@ func (e *Encrypt) UpBatch(bt *stack.Batch) {
 // the network address in came from; a batch's messages mostly share one,
 // which is told once (last is the one told before).
 func (e *Encrypt) learn(in *stack.Message, last netip.AddrPort) netip.AddrPort {
-	if e.learner != nil && in.From.IsValid() && in.From != last {
-		e.learner.LearnAddress(in.Src, in.From)
+	if l := e.learner.Load(); l != nil && in.From.IsValid() && in.From != last {
+		(*l).LearnAddress(in.Src, in.From)
 	}
 	return in.From
 }
@@ -337,7 +366,7 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		return nil
 	}
 	sc := scratches.Get().(*scratch)
-	sc.fill(h, m.Src, m.Dest, m.Flags)
+	sc.fill(h, m.Src, m.Dest, m.Flags, m.From)
 	pt, err := k.aead.Open(nil, sc.nonce[:], m.Payload, sc.ad)
 	scratches.Put(sc)
 	if err != nil {

@@ -3,13 +3,18 @@ package udp_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"net"
 	"net/netip"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/ipv4"
 
+	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/encrypt"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
@@ -93,4 +98,60 @@ func TestForgedPreambleCannotMoveAnAuthenticatedMembersAddress(t *testing.T) {
 		require.NoError(t, b.ch.SendTo(context.Background(), a.ch.Address(), []byte("after")))
 		stacktest.WaitFor(t, 10*time.Second, func() bool { return a.col.Len() == 1 }, "a gets b's unicast")
 	}
+}
+
+// TestRelayedDatagramDoesNotMoveAnAddress: the attacker records a datagram
+// A sealed (a multicast, sniffed from the group) that B never got, and
+// relays it to B from its own port, so it is the first copy B sees: it
+// passes every check that does not bind where it came from (key, replay
+// window, age). ENCRYPT seals the sender's network address too, so the
+// relayed copy does not open, and B does not learn that A is at the
+// attacker's port.
+func TestRelayedDatagramDoesNotMoveAnAddress(t *testing.T) {
+	t.Parallel()
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	cfg := testConfig(t)
+	var holes []*discard.Discard
+	ms := startMembers(t, 2, "relay", cfg, func() []stack.Protocol {
+		d := discard.New(discard.DefaultConfig())
+		holes = append(holes, d)
+		return append([]stack.Protocol{d}, withKey(t, key)()...)
+	})
+	a, b := ms[0], ms[1]
+	aAt := a.udp.PhysicalAddress()
+	// B loses everything that really comes from A.
+	holes[1].DropUpIf(func(m *stack.Message) bool { return m.From == aAt })
+
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+		return errors.Join(err, serr)
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", net.JoinHostPort(cfg.McastAddr, strconv.Itoa(cfg.McastPort)))
+	require.NoError(t, err)
+	defer pc.Close()
+	sn := pc.(*net.UDPConn)
+	lo, err := net.InterfaceByName("lo")
+	require.NoError(t, err)
+	require.NoError(t, ipv4.NewPacketConn(sn).JoinGroup(lo, &net.UDPAddr{IP: net.ParseIP(cfg.McastAddr)}))
+
+	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(stack.Address{}, []byte("sealed by A"))))
+	buf := make([]byte, 1<<16)
+	require.NoError(t, sn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, from, err := sn.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err, "the sniffer sees A's multicast")
+	require.Equal(t, aAt, from)
+
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(b.udp.PhysicalAddress()))
+	require.NoError(t, err)
+	defer c.Close()
+	failed := stacktest.Stat(t, b.ch.Stack().Find("ENCRYPT").(stack.StatsReporter), "auth_failures")
+	_, err = c.Write(buf[:n])
+	require.NoError(t, err)
+	stacktest.WaitFor(t, 10*time.Second, func() bool {
+		return stacktest.Stat(t, b.ch.Stack().Find("ENCRYPT").(stack.StatsReporter), "auth_failures") > failed
+	}, "the relayed copy fails to open")
+	require.Equal(t, aAt, physicalOf(t, b, a.ch.Address()), "A's address did not move")
+	require.Zero(t, b.col.Len(), "nothing of the relayed copy was delivered")
 }
