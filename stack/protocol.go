@@ -124,33 +124,46 @@ func (b *Base) Down(ctx context.Context, m *Message) error { return b.PassDown(c
 func (b *Base) Up(m *Message) { b.PassUp(m) }
 
 // UpBatch hands every message carrying this protocol's header to the
-// protocol's Up (in order, removing it from the batch) and forwards the rest
-// as a batch, as JGroups does. A protocol that acts on messages without its
-// own header overrides UpBatch.
+// protocol's Up and forwards the rest as batches, keeping the batch's order:
+// whatever Up passes up for a message (a reassembled message, say) goes up
+// after the messages that came before it and before those that came after.
+// A protocol that acts on messages without its own header overrides
+// UpBatch (UpBatchInOrder keeps its order too).
 func (b *Base) UpBatch(bt *Batch) {
-	if b.id != 0 && b.self != nil && b.anyMine(bt) {
-		var mine []*Message
-		bt.Keep(func(m *Message) bool {
-			if m.Header(b.id) != nil {
-				mine = append(mine, m)
-				return false
-			}
-			return true
-		})
-		for _, m := range mine {
-			b.self.Up(m)
-		}
+	if b.id == 0 || b.self == nil {
+		b.PassUpBatch(bt)
+		return
 	}
-	b.PassUpBatch(bt)
+	b.UpBatchInOrder(bt, func(m *Message) bool { return m.Header(b.id) != nil }, b.self.Up)
 }
 
-func (b *Base) anyMine(bt *Batch) bool {
-	for _, m := range bt.Msgs {
-		if m.Header(b.id) != nil {
-			return true
+// UpBatchInOrder walks bt in order: each message for which mine reports
+// true goes to handle, after the run of other messages before it has been
+// passed up as a batch; the last run goes up as bt. So the order of a
+// sender's messages survives the layer, whatever handle passes up. handle
+// runs on the caller's goroutine.
+func (b *Base) UpBatchInOrder(bt *Batch, mine func(*Message) bool, handle func(*Message)) {
+	msgs, start := bt.Msgs, 0
+	for i, m := range msgs {
+		if !mine(m) {
+			continue
 		}
+		if i > start {
+			// Capped: a layer above that appends to its batch must not
+			// write over the messages this loop has not reached.
+			b.PassUpBatch(&Batch{Src: bt.Src, Dest: bt.Dest, Lane: bt.Lane, Msgs: msgs[start:i:i]})
+		}
+		handle(m)
+		start = i + 1
 	}
-	return false
+	if start == 0 {
+		b.PassUpBatch(bt)
+		return
+	}
+	if start < len(msgs) {
+		bt.Msgs = msgs[start:]
+		b.PassUpBatch(bt)
+	}
 }
 
 // DownEvent forwards ev to the layer below.

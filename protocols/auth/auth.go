@@ -242,19 +242,11 @@ func (a *Auth) Up(m *stack.Message) {
 
 // UpBatch runs each message.
 func (a *Auth) UpBatch(bt *stack.Batch) {
-	keep := bt.Msgs[:0]
-	for _, m := range bt.Msgs {
+	a.UpBatchInOrder(bt, func(m *stack.Message) bool {
 		_, mine := m.Header(a.ID()).(*Header)
-		if guard, ok := a.guarded(m); mine || guard && !ok {
-			a.Up(m)
-			continue
-		}
-		keep = append(keep, m)
-	}
-	bt.Msgs = keep
-	if len(keep) > 0 {
-		a.PassUpBatch(bt)
-	}
+		guard, ok := a.guarded(m)
+		return mine || guard && !ok
+	}, a.Up)
 }
 
 func (a *Auth) challenge(m *stack.Message) {

@@ -288,20 +288,6 @@ func (f *FLUSH) Up(m *stack.Message) {
 	f.handle(m.Src, h)
 }
 
-// UpBatch takes flush messages out of a batch.
-func (f *FLUSH) UpBatch(bt *stack.Batch) {
-	bt.Keep(func(m *stack.Message) bool {
-		h, ok := m.Header(f.ID()).(*Header)
-		if ok {
-			f.handle(m.Src, h)
-		}
-		return !ok
-	})
-	if len(bt.Msgs) > 0 {
-		f.PassUpBatch(bt)
-	}
-}
-
 func (f *FLUSH) handle(src stack.Address, h *Header) {
 	switch h.Type {
 	case typeStart:

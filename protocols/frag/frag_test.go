@@ -237,3 +237,35 @@ func TestStalledPartialMessageExpires(t *testing.T) {
 		require.Zero(t, stacktest.Stat(t, f.frag[0], "partial_in_progress"))
 	})
 }
+
+// TestReassembledMessageKeepsItsPlaceInTheBatch: a batch from one sender
+// holds a small message, the two fragments of a large one, and another
+// small one. The receiver delivers them in that order: the reassembled
+// message after the first small one and before the second (the default
+// batch handling once took a layer's own messages out and handled them
+// first, so the large message overtook the small one before it).
+func TestReassembledMessageKeepsItsPlaceInTheBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 2, 1)
+		src := f.c.Channels[0].Address()
+		fs := int(frag.DefaultConfig().FragSize)
+		big := make([]byte, fs+10)
+		big[0] = 'B'
+		msg := func(p []byte) *stack.Message {
+			m := stack.NewMessage(stack.Address{}, p)
+			m.Src = src
+			return m
+		}
+		frags := []*stack.Message{msg(big[:fs]), msg(big[fs:])}
+		for i, m := range frags {
+			m.PutHeader(stack.IDFRAG, &frag.Header{ID: 1, Index: uint32(i), Count: 2, Total: uint64(len(big))})
+		}
+		f.frag[1].UpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular,
+			Msgs: []*stack.Message{msg([]byte("first")), frags[0], frags[1], msg([]byte("last"))}})
+		var got []string
+		for _, m := range f.c.Recv[1].Messages() {
+			got = append(got, string(m.Payload[:min(5, len(m.Payload))]))
+		}
+		require.Equal(t, []string{"first", "B\x00\x00\x00\x00", "last"}, got)
+	})
+}

@@ -555,20 +555,6 @@ func (g *GMS) Up(m *stack.Message) {
 	g.handle(m.Src, h)
 }
 
-// UpBatch takes the GMS messages out of a batch.
-func (g *GMS) UpBatch(bt *stack.Batch) {
-	bt.Keep(func(m *stack.Message) bool {
-		h, ok := m.Header(g.ID()).(*Header)
-		if ok {
-			g.handle(m.Src, h)
-		}
-		return !ok
-	})
-	if len(bt.Msgs) > 0 {
-		g.PassUpBatch(bt)
-	}
-}
-
 func (g *GMS) handle(src stack.Address, h *Header) {
 	self := g.LocalAddress()
 	if src == self && h.Type != typeView {

@@ -491,22 +491,6 @@ func (p *GroupFC) Up(m *stack.Message) {
 	p.afterLocked()
 }
 
-// UpBatch runs a batch one message at a time.
-func (p *GroupFC) UpBatch(bt *stack.Batch) {
-	var rest []*stack.Message
-	for _, m := range bt.Msgs {
-		if m.Header(p.ID()) == nil {
-			rest = append(rest, m)
-			continue
-		}
-		p.Up(m)
-	}
-	if len(rest) > 0 {
-		bt.Msgs = rest
-		p.PassUpBatch(bt)
-	}
-}
-
 // afterLocked sends the outbox and delivers what became ready; callers hold
 // p.mu, which it releases.
 func (p *GroupFC) afterLocked() {

@@ -264,20 +264,6 @@ func (m *Merge3) Up(msg *stack.Message) {
 	m.PassUp(msg)
 }
 
-// UpBatch takes the announcements out of a batch.
-func (m *Merge3) UpBatch(bt *stack.Batch) {
-	bt.Keep(func(msg *stack.Message) bool {
-		h, ok := msg.Header(m.ID()).(*Header)
-		if ok {
-			m.handle(msg.Src, msg.From, h)
-		}
-		return !ok
-	})
-	if len(bt.Msgs) > 0 {
-		m.PassUpBatch(bt)
-	}
-}
-
 // DownEvent tracks the view.
 func (m *Merge3) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	switch ev.Type {

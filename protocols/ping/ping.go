@@ -379,20 +379,6 @@ func containsAddrPort(s []netip.AddrPort, a netip.AddrPort) bool {
 	return false
 }
 
-// UpBatch takes discovery messages out of the batch.
-func (d *Discovery) UpBatch(bt *stack.Batch) {
-	bt.Keep(func(m *stack.Message) bool {
-		h, ok := m.Header(d.ID()).(*Header)
-		if ok {
-			d.handle(m, h)
-		}
-		return !ok
-	})
-	if len(bt.Msgs) > 0 {
-		d.PassUpBatch(bt)
-	}
-}
-
 // UpEvent answers the transport's WHO_HAS with a targeted request.
 func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
 	if ev.Type == stack.EvWhoHas {

@@ -419,20 +419,6 @@ func (s *StateTransfer) Up(m *stack.Message) {
 	s.handle(m, h)
 }
 
-// UpBatch takes state messages out of a batch.
-func (s *StateTransfer) UpBatch(bt *stack.Batch) {
-	bt.Keep(func(m *stack.Message) bool {
-		h, ok := m.Header(s.ID()).(*Header)
-		if ok {
-			s.handle(m, h)
-		}
-		return !ok
-	})
-	if len(bt.Msgs) > 0 {
-		s.PassUpBatch(bt)
-	}
-}
-
 func (s *StateTransfer) handle(m *stack.Message, h *Header) {
 	switch h.Type {
 	case typeReq:
