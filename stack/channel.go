@@ -93,6 +93,10 @@ func WithName(name string) Option { return func(c *Channel) { c.name = name } }
 // WithLogger sets the logger of the channel's stack.
 func WithLogger(l *slog.Logger) Option { return func(c *Channel) { c.st.SetLogger(l) } }
 
+// WithSeed seeds the stack's random choices and the channel's addresses,
+// so that a run over SIM in virtual time can be replayed from its seed.
+func WithSeed(seed uint64) Option { return func(c *Channel) { c.st.SetSeed(seed) } }
+
 // WithReceiver sets the receiver before anything can be delivered.
 func WithReceiver(r Receiver) Option { return func(c *Channel) { c.SetReceiver(r) } }
 
@@ -154,7 +158,7 @@ func NewChannelFromFSVars(fsys fs.FS, path string, vars map[string]string, opts 
 }
 
 func (c *Channel) newAddress() {
-	a := NewAddress()
+	a := c.st.Rand().address()
 	if c.name != "" {
 		SetLogicalName(a, c.name)
 	}

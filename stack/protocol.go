@@ -97,6 +97,10 @@ func (b *Base) Stack() *Stack { return b.st }
 // LocalAddress returns the address of the member this stack belongs to.
 func (b *Base) LocalAddress() Address { return b.st.LocalAddress() }
 
+// Rand returns the stack's source of random choices (seeded with
+// WithSeed, so a run replays).
+func (b *Base) Rand() *Rand { return b.st.Rand() }
+
 // Log returns the layer's logger (the stack's, with the protocol name).
 func (b *Base) Log() *slog.Logger {
 	if b.log == nil {

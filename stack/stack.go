@@ -23,6 +23,7 @@ type Stack struct {
 	cluster atomic.Pointer[string]
 	log     *slog.Logger
 	lanes   *lanes
+	rand    atomic.Pointer[Rand]
 }
 
 type stackState int
@@ -42,6 +43,7 @@ func NewStack(protos ...Protocol) (*Stack, error) {
 		return nil, err
 	}
 	s := &Stack{protos: slices.Clone(protos), log: discardLogger}
+	s.rand.Store(newRandomRand())
 	s.top = &topLayer{}
 	s.top.self = s.top
 	s.top.st = s
@@ -139,6 +141,13 @@ func (s *Stack) LocalAddress() Address {
 // SetLocalAddress sets the member's address; the channel does this before
 // each start.
 func (s *Stack) SetLocalAddress(a Address) { s.local.Store(&a) }
+
+// Rand returns the stack's source of random choices.
+func (s *Stack) Rand() *Rand { return s.rand.Load() }
+
+// SetSeed makes the stack's random choices (and the channel's addresses)
+// follow seed, so a run can be replayed.
+func (s *Stack) SetSeed(seed uint64) { s.rand.Store(NewRand(seed)) }
 
 // Cluster returns the cluster name set by Connect.
 func (s *Stack) Cluster() string {

@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -501,7 +500,7 @@ func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
 			f.Log().Info("flush: going on without the participants that did not answer", "missing", na.missing)
 			continue
 		}
-		backoff := f.cfg.RetryTimeout/2 + rand.N(f.cfg.RetryTimeout/2+1)
+		backoff := f.cfg.RetryTimeout/2 + f.Rand().Duration(f.cfg.RetryTimeout/2+1)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:

@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -843,7 +842,7 @@ func (g *GMS) join(ctx context.Context) error {
 }
 
 func (g *GMS) backoff() time.Duration {
-	return g.cfg.JoinTimeout/10 + rand.N(g.cfg.JoinTimeout/5+1)
+	return g.cfg.JoinTimeout/10 + g.Rand().Duration(g.cfg.JoinTimeout/5+1)
 }
 
 func (g *GMS) discover(ctx context.Context) ([]stack.MemberInfo, error) {

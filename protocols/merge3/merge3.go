@@ -9,7 +9,6 @@ package merge3
 
 import (
 	"context"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"sync"
@@ -134,7 +133,7 @@ func (m *Merge3) Start() error {
 		for {
 			d := m.cfg.MinInterval
 			if span := m.cfg.MaxInterval - m.cfg.MinInterval; span > 0 {
-				d += rand.N(span)
+				d += m.Rand().Duration(span)
 			}
 			t := time.NewTimer(d)
 			select {

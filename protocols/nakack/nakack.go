@@ -7,7 +7,6 @@ package nakack
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -592,7 +591,7 @@ func (n *NAKACK) xmitTask() {
 		// A sender that left, or has not answered the last request (it may
 		// have crashed), is not the only member that may hold the messages.
 		if len(others) > 0 && (n.view != nil && !n.view.Contains(src) || t.asks%2 == 1) {
-			to = others[rand.IntN(len(others))]
+			to = others[n.Rand().IntN(len(others))]
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
 	}

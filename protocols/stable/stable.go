@@ -6,7 +6,6 @@ package stable
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,7 +108,7 @@ func (s *STABLE) Init() error { return s.cfg.Validate() }
 func (s *STABLE) Start() error {
 	s.Go(func(done <-chan struct{}) {
 		for {
-			d := s.cfg.Interval/2 + time.Duration(rand.Int64N(int64(s.cfg.Interval)))
+			d := s.cfg.Interval/2 + s.Rand().Duration(s.cfg.Interval)
 			t := time.NewTimer(d)
 			select {
 			case <-done:

@@ -15,7 +15,6 @@ package unicast2
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -148,7 +147,6 @@ func New(cfg Config) *Unicast2 {
 	return &Unicast2{
 		cfg: cfg, send: map[stack.Address]*sendEntry{}, recv: map[stack.Address]*recvEntry{},
 		tombs: map[stack.Address]tombstone{}, syncSent: map[stack.Address]time.Time{},
-		nextConn: uint16(rand.Uint32()),
 	}
 }
 
@@ -156,7 +154,10 @@ func New(cfg Config) *Unicast2 {
 func (u *Unicast2) Name() string { return "UNICAST2" }
 
 // Init validates the config.
-func (u *Unicast2) Init() error { return u.cfg.Validate() }
+func (u *Unicast2) Init() error {
+	u.nextConn = uint16(u.Rand().Uint64()) // connection ids differ across instances
+	return u.cfg.Validate()
+}
 
 // Start starts the retransmission and stable timers.
 func (u *Unicast2) Start() error {
