@@ -14,6 +14,16 @@ type PhysicalMapping struct {
 	Physical netip.AddrPort
 }
 
+// ViewInconsistency is what MERGE3 found among the members of its
+// coordinator's own view (EvViewInconsistent): members behind get the
+// current view again; a view id this coordinator never installed, at or
+// above its own sequence number, makes it install a new view above it, so
+// every member's views move forward to one.
+type ViewInconsistency struct {
+	Behind []Address // announced an older view
+	Above  uint64    // highest sequence number of a view id, not older than the current one, that this coordinator never installed (0: none)
+}
+
 // MemberInfo is what discovery learns of one member: its addresses, its
 // name, and the coordinator it knows. EvFindMembers returns a list of them.
 type MemberInfo struct {
@@ -146,6 +156,11 @@ const (
 	// EvApplyState (up, to the channel): read the application's state. Arg:
 	// io.Reader. Returns the StateHandler's error.
 	EvApplyState
+	// EvViewInconsistent (up): MERGE3 heard members of this coordinator's
+	// own view announce another view id than its own (they missed a view,
+	// for example the last one a leaving coordinator sent, or installed one
+	// this coordinator never saw). Arg: ViewInconsistency.
+	EvViewInconsistent
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -160,6 +175,7 @@ var eventNames = map[EventType]string{
 	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
 	EvSendToPhysical: "SEND_TO_PHYSICAL", EvMerge: "MERGE", EvKnownMembers: "KNOWN_MEMBERS",
 	EvReconcile: "RECONCILE", EvProvideState: "PROVIDE_STATE", EvApplyState: "APPLY_STATE",
+	EvViewInconsistent: "VIEW_INCONSISTENT",
 }
 
 func (t EventType) String() string {

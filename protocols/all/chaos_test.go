@@ -163,6 +163,7 @@ type chaosRun struct {
 	sent  []sentMsg
 	seqs  map[streamKey]int
 	stops []chan struct{}  // per member: closed to stop its traffic
+	quiet []bool           // per member: its traffic was stopped
 	wgs   []sync.WaitGroup // per member: its traffic goroutine
 }
 
@@ -185,6 +186,7 @@ func (r *chaosRun) add() int {
 	r.mu.Lock()
 	r.chs, r.recs, r.dead = append(r.chs, ch), append(r.recs, rec), append(r.dead, false)
 	r.stops = append(r.stops, make(chan struct{}))
+	r.quiet = append(r.quiet, false)
 	r.mu.Unlock()
 	return i
 }
@@ -358,7 +360,7 @@ func (r *chaosRun) check() {
 			}
 			byID[v.ID] = v
 			if last != nil {
-				r.require(v.ID.Seq > last.ID.Seq, "member %s installed %s after %s", stacktest.Names[i], v.ID, last.ID)
+				r.require(v.ID.Compare(last.ID) > 0, "member %s installed %s after %s", stacktest.Names[i], v.ID, last.ID)
 			}
 			last = v
 		}
@@ -500,7 +502,25 @@ func (r *chaosRun) crash(i int) {
 	r.mu.Lock()
 	r.dead[i] = true
 	r.mu.Unlock()
-	close(r.stops[i])
+	r.stop(i)
+}
+
+// stop ends member i's traffic (once).
+func (r *chaosRun) stop(i int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.quiet[i] {
+		r.quiet[i] = true
+		close(r.stops[i])
+	}
+}
+
+// stopAll ends every member's traffic; deferred, so a failed run does not
+// leave senders running in the bubble.
+func (r *chaosRun) stopAll() {
+	for i := range r.stops {
+		r.stop(i)
+	}
 }
 
 // leave stops member i's traffic and has it leave the group gracefully.
@@ -508,7 +528,7 @@ func (r *chaosRun) leave(i int) {
 	r.mu.Lock()
 	r.dead[i] = true
 	r.mu.Unlock()
-	close(r.stops[i])
+	r.stop(i)
 	r.require(r.chs[i].Disconnect(context.Background()) == nil, "%s could not leave", stacktest.Names[i])
 }
 
@@ -566,6 +586,7 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 	r.net.SetDefault(sim.Rule{Drop: 0.2, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer r.stopAll()
 	for i := range n {
 		r.traffic(i, &wg)
 	}
@@ -586,9 +607,7 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 	if churn {
 		r.churn(&wg)
 	}
-	for _, i := range r.alive() {
-		close(r.stops[i])
-	}
+	r.stopAll()
 	wg.Wait()
 
 	r.net.SetDefault(sim.Rule{})

@@ -89,6 +89,7 @@ const (
 	reqLeave
 	reqSuspect
 	reqMerge
+	reqRefresh // a new view of the same members, above a view id another member holds
 )
 
 type request struct {
@@ -96,6 +97,7 @@ type request struct {
 	addr   stack.Address
 	coords []stack.Address // reqMerge
 	state  bool            // reqJoin: the joiner fetches the state in the view's flush
+	above  uint64          // reqRefresh: the new view's number goes above this
 }
 
 // ackWait collects the acknowledgements of one view.
@@ -146,7 +148,7 @@ type GMS struct {
 	wake          chan struct{}
 
 	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
-	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures atomic.Int64
+	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures, viewsResent atomic.Int64
 }
 
 var (
@@ -280,18 +282,12 @@ func (g *GMS) install(v *stack.View, d nakack.Digest) bool {
 	return true
 }
 
-// newer reports whether v replaces cur: a higher sequence number, or the
-// same one from a coordinator that took over from cur's creator (who is not
-// in v).
-func newer(v, cur *stack.View) bool {
-	switch {
-	case v.ID.Seq > cur.ID.Seq:
-		return true
-	case v.ID.Seq == cur.ID.Seq:
-		return v.ID.Creator != cur.ID.Creator && !v.Contains(cur.ID.Creator)
-	}
-	return false
-}
+// newer reports whether v replaces cur: views move forward only, in the
+// order of their ids (sequence number, then creator). Two coordinators
+// that made a view of the same number (one left, its last view lost on
+// the other) are mended by a new view above both, when MERGE3 finds that
+// members of one view hold different ids (EvViewInconsistent).
+func newer(v, cur *stack.View) bool { return v.ID.Compare(cur.ID) > 0 }
 
 // ---- the coordinator's view handler
 
@@ -375,8 +371,12 @@ func (g *GMS) process(reqs []request) {
 		g.Log().Info("taking over as coordinator", "view", v, "suspected", v.Coordinator())
 	}
 	var joiners, leavers, merges []request
+	var above uint64 // a member holds a view of this number that this coordinator never installed
+	refresh := false
 	for _, r := range reqs {
 		switch r.kind {
+		case reqRefresh:
+			refresh, above = true, max(above, r.above)
 		case reqJoin:
 			joiners = append(joiners, r)
 		case reqLeave:
@@ -419,8 +419,8 @@ func (g *GMS) process(reqs []request) {
 	g.joinsHandled.Add(int64(len(joiners)))
 	g.leavesHandled.Add(int64(len(leavers)))
 
-	if len(members) != len(v.Members) || len(newJoiners) > 0 {
-		nv := stack.NewView(self, v.ID.Seq+1, members...)
+	if len(members) != len(v.Members) || len(newJoiners) > 0 || refresh {
+		nv := stack.NewView(self, max(v.ID.Seq, above)+1, members...)
 		g.cast(nv, newJoiners, leaving, stateJoiners)
 	}
 	if len(rejoiners) > 0 {
@@ -713,6 +713,27 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 		coords, _ := ev.Arg.([]stack.Address)
 		if len(coords) > 1 {
 			g.enqueue(request{kind: reqMerge, coords: coords})
+		}
+		return nil, nil
+	case stack.EvViewInconsistent:
+		inc, _ := ev.Arg.(stack.ViewInconsistency)
+		g.mu.Lock()
+		v := g.view
+		g.mu.Unlock()
+		if v == nil || v.Coordinator() != g.LocalAddress() {
+			return nil, nil
+		}
+		// Members that missed a view get the current one by unicast
+		// (reliable); a view this coordinator never installed is overtaken
+		// by a new one above it.
+		for _, a := range inc.Behind {
+			if v.Contains(a) && a != g.LocalAddress() {
+				g.viewsResent.Add(1)
+				g.send(a, &Header{Type: typeView, View: v})
+			}
+		}
+		if inc.Above >= v.ID.Seq {
+			g.enqueue(request{kind: reqRefresh, above: inc.Above})
 		}
 		return nil, nil
 	}
@@ -1140,6 +1161,7 @@ func (g *GMS) Stats() []stack.Stat {
 		{Name: "merges_failed", Value: g.mergesFailed.Load()},
 		{Name: "view_ack_timeouts", Value: g.ackTimeouts.Load()},
 		{Name: "messages_ignored", Value: g.msgsIgnored.Load()},
+		{Name: "views_resent", Value: g.viewsResent.Load()},
 		{Name: "flush_failures", Value: g.flushFailures.Load()},
 	}
 }

@@ -323,3 +323,29 @@ func TestMergeTakesOneAnswerFromEachCoordinatorAsked(t *testing.T) {
 		grouptest.CheckViewHistories(t, ms)
 	})
 }
+
+// TestLeavingCoordinatorsLastViewIsMended: the coordinator leaves, and its
+// last view (the one without it) never reaches one member, nor does any
+// retransmission of it from the coordinator. Nobody else would send that
+// view again, so the member stayed in the old view for ever; now the new
+// coordinator hears (MERGE3) that a member of its view announces an older
+// one and sends it the view.
+func TestLeavingCoordinatorsLastViewIsMended(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(4)
+		l.Net.SetLink(ms[0].Addr(), ms[3].Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			return ok && h.Kind() == "VIEW"
+		}})
+		require.NoError(t, ms[0].Ch.Disconnect(context.Background()))
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			v1, v2 := ms[1].Ch.View(), ms[2].Ch.View()
+			return v1 != nil && v2 != nil && v1.ID == v2.ID && !v1.Contains(ms[0].Addr())
+		}, "the others installed the view without the coordinator")
+		require.True(t, ms[3].Ch.View().Contains(ms[0].Addr()), "the last member missed it")
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[1:]...) }, "the last member gets the view")
+		grouptest.CheckViewHistories(t, ms[1:])
+		require.Positive(t, stacktest.Stat(t, ms[1].GMS, "views_resent"))
+	})
+}

@@ -109,7 +109,7 @@ type Merge3 struct {
 	view  *stack.View
 	heard map[stack.Address]*Header // announcements since the last check
 
-	sent, received, merges atomic.Int64
+	sent, received, merges, inconsistent atomic.Int64
 }
 
 var _ stack.Protocol = (*Merge3)(nil)
@@ -207,7 +207,21 @@ func (m *Merge3) Check() {
 		return
 	}
 	coords := []stack.Address{self}
+	var inc stack.ViewInconsistency
 	for src, h := range heard {
+		if v.Contains(src) && h.ViewID != v.ID {
+			// A member of this view with another view id: not another
+			// subgroup. It missed a view (the last one a leaving
+			// coordinator sent, say, which nobody would send again), or it
+			// installed one this coordinator never saw (a view of the same
+			// number from a coordinator that left). GMS mends either.
+			if h.ViewID.Seq < v.ID.Seq {
+				inc.Behind = append(inc.Behind, src)
+			} else {
+				inc.Above = max(inc.Above, h.ViewID.Seq)
+			}
+			continue
+		}
 		c := h.Info.Coord
 		if c.IsZero() {
 			c = src
@@ -215,6 +229,11 @@ func (m *Merge3) Check() {
 		if (!v.Contains(src) || !v.Contains(c)) && !slices.Contains(coords, c) {
 			coords = append(coords, c)
 		}
+	}
+	if len(inc.Behind) > 0 || inc.Above > 0 {
+		m.inconsistent.Add(1)
+		m.Log().Info("members of the view announce another view id", "behind", inc.Behind, "above", inc.Above, "view", v.ID)
+		_, _ = m.PassUpEvent(stack.Ev(stack.EvViewInconsistent, inc))
 	}
 	if len(coords) < 2 {
 		return
@@ -286,5 +305,6 @@ func (m *Merge3) Stats() []stack.Stat {
 		{Name: "announcements_sent", Value: m.sent.Load()},
 		{Name: "announcements_received", Value: m.received.Load()},
 		{Name: "merges_started", Value: m.merges.Load()},
+		{Name: "views_inconsistent", Value: m.inconsistent.Load()},
 	}
 }
