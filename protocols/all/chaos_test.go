@@ -30,6 +30,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -117,13 +118,23 @@ type streamKey struct{ sender, kind, to int }
 type recorder struct {
 	mu      sync.Mutex
 	got     map[streamKey][]int
+	in      map[msgKey]stack.ViewID // the view each message was delivered in
+	cur     stack.ViewID
 	bad     []string
 	views   []*stack.View
 	events  func(m *stack.Message) bool // true: an event of the stack (GROUPFC), not a payload
 	onEvent func(m *stack.Message)
 }
 
-func newRecorder() *recorder { return &recorder{got: map[streamKey][]int{}} }
+// msgKey names one sent message.
+type msgKey struct {
+	streamKey
+	seq int
+}
+
+func newRecorder() *recorder {
+	return &recorder{got: map[streamKey][]int{}, in: map[msgKey]stack.ViewID{}}
+}
 
 func (r *recorder) Receive(m *stack.Message) {
 	r.mu.Lock()
@@ -139,12 +150,14 @@ func (r *recorder) Receive(m *stack.Message) {
 	}
 	k := streamKey{p.sender, p.kind, p.to}
 	r.got[k] = append(r.got[k], p.seq)
+	r.in[msgKey{k, p.seq}] = r.cur
 }
 
 func (r *recorder) ViewAccepted(v *stack.View) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.views = append(r.views, v)
+	r.cur = v.ID
 }
 
 // chaosRun is one seeded run of a shipped stack.
@@ -638,4 +651,101 @@ func (r *chaosRun) churn(wg *sync.WaitGroup) {
 	}
 	r.leave(leaver)
 	r.require(waitUntil(3*time.Minute, func() bool { return r.sameView(r.alive()) }), "%s's leave did not end in one view", stacktest.Names[leaver])
+}
+
+// TestChaosFlush is scenario B: five members of flush.toml under loss,
+// duplication and reordering, multicasting all along, while a member
+// joins, one leaves (the coordinator half of the time) and one crashes.
+// Besides the suite's invariants it checks virtual synchrony: every member
+// delivers a multicast in the view its sender's own copy was delivered
+// in, and members that move from one view to the same next view have
+// delivered the same multicasts in it. It does not pass every seed yet,
+// so it runs only with STRATA_CHAOS_FLUSH=1; see the chaos-suite issue.
+func TestChaosFlush(t *testing.T) {
+	if os.Getenv("STRATA_CHAOS_FLUSH") == "" {
+		t.Skip("known failures; set STRATA_CHAOS_FLUSH=1 to run")
+	}
+	for _, seed := range chaosSeeds(t, "1-100") {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { scenarioB(t, seed) })
+		})
+	}
+}
+
+func scenarioB(t *testing.T, seed uint64) {
+	r := newChaosRun(t, "flush.toml", seed)
+	defer r.close()
+	const n = 5
+	for range n {
+		r.add()
+	}
+	errs := make(chan error, n)
+	for _, ch := range r.chs {
+		go func() { errs <- ch.Connect(context.Background(), "chaos") }()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	r.require(waitUntil(time.Minute, func() bool { return r.sameView(r.alive()) }), "no common view of 5 after a minute")
+	r.net.SetDefault(sim.Rule{Drop: 0.1, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer r.stopAll()
+	for i := range n {
+		r.traffic(i, &wg)
+	}
+	time.Sleep(2 * time.Second)
+	r.churn(&wg)
+	victim := r.alive()[r.rng.IntN(len(r.alive()))]
+	r.crash(victim)
+	r.require(waitUntil(3*time.Minute, func() bool { return r.sameView(r.alive()) }), "the crash of %s was not noticed", stacktest.Names[victim])
+	r.stopAll()
+	wg.Wait()
+	r.net.SetDefault(sim.Rule{})
+	r.settle()
+	r.check()
+	r.checkVirtualSynchrony()
+}
+
+// checkVirtualSynchrony checks that every member delivered each multicast
+// in the view its sender delivered its own copy in, and that members that
+// moved from a view to the same next view delivered the same multicasts in
+// it.
+func (r *chaosRun) checkVirtualSynchrony() {
+	r.t.Helper()
+	in := make([]map[msgKey]stack.ViewID, len(r.recs))
+	next := make([]map[stack.ViewID]stack.ViewID, len(r.recs))
+	for i, rec := range r.recs {
+		rec.mu.Lock()
+		in[i] = maps.Clone(rec.in)
+		next[i] = map[stack.ViewID]stack.ViewID{}
+		for k := 1; k < len(rec.views); k++ {
+			next[i][rec.views[k-1].ID] = rec.views[k].ID
+		}
+		rec.mu.Unlock()
+	}
+	for i := range r.recs {
+		for k, v := range in[i] {
+			if k.kind == kindUcast {
+				continue
+			}
+			own, ok := in[k.sender][k]
+			r.require(!ok || own == v, "member %s delivered %d#%d in %s, its sender in %s", stacktest.Names[i], k.sender, k.seq, v, own)
+		}
+	}
+	for i := range r.recs {
+		for j := i + 1; j < len(r.recs); j++ {
+			for v, nv := range next[i] {
+				if next[j][v] != nv {
+					continue
+				}
+				for k, dv := range in[i] {
+					if k.kind != kindUcast && dv == v {
+						r.require(in[j][k] == v, "members %s and %s both moved from %s to %s, but only %s delivered %d#%d in it",
+							stacktest.Names[i], stacktest.Names[j], v, nv, stacktest.Names[i], k.sender, k.seq)
+					}
+				}
+			}
+		}
+	}
 }
