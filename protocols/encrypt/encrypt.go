@@ -365,8 +365,17 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.unknownKey.Add(1)
 		return nil
 	}
+	from := m.From
+	if !from.IsValid() && m.Src == e.LocalAddress() {
+		// This member's own message looped back inside the process: it
+		// was sealed with this member's address. (Over the network From
+		// is always set; on SIM both are zero.)
+		if p := e.phys.Load(); p != nil {
+			from = *p
+		}
+	}
 	sc := scratches.Get().(*scratch)
-	sc.fill(h, m.Src, m.Dest, m.Flags, m.From)
+	sc.fill(h, m.Src, m.Dest, m.Flags, from)
 	pt, err := k.aead.Open(nil, sc.nonce[:], m.Payload, sc.ad)
 	scratches.Put(sc)
 	if err != nil {

@@ -155,3 +155,21 @@ func TestRelayedDatagramDoesNotMoveAnAddress(t *testing.T) {
 	require.Equal(t, aAt, physicalOf(t, b, a.ch.Address()), "A's address did not move")
 	require.Zero(t, b.col.Len(), "nothing of the relayed copy was delivered")
 }
+
+// TestOwnMulticastOpensAtTheSender: a member's own multicasts, looped back
+// inside the process (no network address on them), open under ENCRYPT,
+// which sealed them with this member's address. (NAKACK would hand the
+// sender its own messages anyway, late, so only the counter shows it.)
+func TestOwnMulticastOpensAtTheSender(t *testing.T) {
+	t.Parallel()
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ms := startMembers(t, 2, "own", testConfig(t), withKey(t, key))
+	for i := range 10 {
+		require.NoError(t, ms[0].ch.Send(context.Background(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, i, 100))))
+	}
+	stacktest.WaitFor(t, 10*time.Second, func() bool { return ms[0].col.Len() == 10 && ms[1].col.Len() == 10 }, "both get the multicasts")
+	e := ms[0].ch.Stack().Find("ENCRYPT").(stack.StatsReporter)
+	require.Zero(t, stacktest.Stat(t, e, "auth_failures"), "the sender's own copies opened")
+	require.EqualValues(t, 10, stacktest.Stat(t, e, "decrypted"))
+}
