@@ -116,14 +116,12 @@ type streamKey struct{ sender, kind, to int }
 // recorder is one member's receiver: what it delivered, in order, and its
 // views.
 type recorder struct {
-	mu      sync.Mutex
-	got     map[streamKey][]int
-	in      map[msgKey]stack.ViewID // the view each message was delivered in
-	cur     stack.ViewID
-	bad     []string
-	views   []*stack.View
-	events  func(m *stack.Message) bool // true: an event of the stack (GROUPFC), not a payload
-	onEvent func(m *stack.Message)
+	mu    sync.Mutex
+	got   map[streamKey][]int
+	in    map[msgKey]stack.ViewID // the view each message was delivered in
+	cur   stack.ViewID
+	bad   []string
+	views []*stack.View
 }
 
 // msgKey names one sent message.
@@ -139,10 +137,6 @@ func newRecorder() *recorder {
 func (r *recorder) Receive(m *stack.Message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.events != nil && r.events(m) {
-		r.onEvent(m)
-		return
-	}
 	p := parseChaos(m.Payload)
 	if !p.ok {
 		r.bad = append(r.bad, fmt.Sprintf("damaged or foreign payload of %d bytes from %s", len(m.Payload), m.Src))
@@ -175,9 +169,8 @@ type chaosRun struct {
 	mu    sync.Mutex
 	sent  []sentMsg
 	seqs  map[streamKey]int
-	stops []chan struct{}  // per member: closed to stop its traffic
-	quiet []bool           // per member: its traffic was stopped
-	wgs   []sync.WaitGroup // per member: its traffic goroutine
+	stops []chan struct{} // per member: closed to stop its traffic
+	quiet []bool          // per member: its traffic was stopped
 }
 
 func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
