@@ -133,8 +133,10 @@ type GMS struct {
 	suspects map[stack.Address]bool
 	// joinDigests: the digest each joiner of view joinView was answered
 	// with, for answering again a joiner whose answer was lost.
-	joinDigests map[stack.Address]nakack.Digest
-	joinView    stack.ViewID
+	joinDigests  map[stack.Address]nakack.Digest
+	joinView     stack.ViewID
+	viewDigest   nakack.Digest // the digest the current view came with (a merge), for members that missed it
+	viewDigestID stack.ViewID
 	// joinWithState: this member's JOIN_REQ asks to fetch the state in the
 	// join's flush (Channel.ConnectWithState).
 	joinWithState atomic.Bool
@@ -251,6 +253,11 @@ func (g *GMS) install(v *stack.View, d nakack.Digest) bool {
 	}
 	g.mu.Unlock()
 	if d != nil {
+		// Kept for members that miss this view and get it again later
+		// (EvViewInconsistent): they need the same starting points.
+		g.mu.Lock()
+		g.viewDigest, g.viewDigestID = d, v.ID
+		g.mu.Unlock()
 		var fresh nakack.Digest
 		for _, e := range d {
 			if !old.Contains(e.Member) && e.Member != g.LocalAddress() {
@@ -726,10 +733,23 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 		// Members that missed a view get the current one by unicast
 		// (reliable); a view this coordinator never installed is overtaken
 		// by a new one above it.
+		// With the digest the view came with (a merge's), or today's: a
+		// member that missed a merge view must start the other subgroups'
+		// senders where the others did, not at seqno 0, or it waits for
+		// ever for messages that were purged long ago.
+		g.mu.Lock()
+		d := g.viewDigest
+		if g.viewDigestID != v.ID {
+			d = nil
+		}
+		g.mu.Unlock()
+		if d == nil {
+			d = g.digest()
+		}
 		for _, a := range inc.Behind {
 			if v.Contains(a) && a != g.LocalAddress() {
 				g.viewsResent.Add(1)
-				g.send(a, &Header{Type: typeView, View: v})
+				g.send(a, &Header{Type: typeInstallView, View: v, Digest: d})
 			}
 		}
 		if inc.Above >= v.ID.Seq {
