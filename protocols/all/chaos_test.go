@@ -577,10 +577,10 @@ func TestChaosChurn(t *testing.T) {
 	}
 }
 
-func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
+// startChaos starts n members of file that connect all at once and waits
+// until they share one view.
+func startChaos(t *testing.T, file string, seed uint64, n int) *chaosRun {
 	r := newChaosRun(t, file, seed)
-	defer r.close()
-	const n = 5
 	for range n {
 		r.add()
 	}
@@ -589,10 +589,20 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 		go func() { errs <- ch.Connect(context.Background(), "chaos") }()
 	}
 	for range n {
-		require.NoError(t, <-errs)
+		if err := <-errs; err != nil {
+			r.close()
+			require.NoError(t, err)
+		}
 	}
+	r.require(waitUntil(time.Minute, func() bool { return r.sameView(r.alive()) }), "no common view of %d after a minute", n)
+	return r
+}
+
+func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
+	const n = 5
+	r := startChaos(t, file, seed, n)
+	defer r.close()
 	all := r.alive()
-	r.require(waitUntil(time.Minute, func() bool { return r.sameView(all) }), "no common view of 5 after a minute")
 
 	r.net.SetDefault(sim.Rule{Drop: 0.2, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
 	var wg sync.WaitGroup
@@ -671,20 +681,9 @@ func TestChaosFlush(t *testing.T) {
 }
 
 func scenarioB(t *testing.T, seed uint64) {
-	r := newChaosRun(t, "flush.toml", seed)
-	defer r.close()
 	const n = 5
-	for range n {
-		r.add()
-	}
-	errs := make(chan error, n)
-	for _, ch := range r.chs {
-		go func() { errs <- ch.Connect(context.Background(), "chaos") }()
-	}
-	for range n {
-		require.NoError(t, <-errs)
-	}
-	r.require(waitUntil(time.Minute, func() bool { return r.sameView(r.alive()) }), "no common view of 5 after a minute")
+	r := startChaos(t, "flush.toml", seed, n)
+	defer r.close()
 	r.net.SetDefault(sim.Rule{Drop: 0.1, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
 	var wg sync.WaitGroup
 	defer wg.Wait()
