@@ -733,23 +733,21 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 		// Members that missed a view get the current one by unicast
 		// (reliable); a view this coordinator never installed is overtaken
 		// by a new one above it.
-		// With the digest the view came with (a merge's), or today's: a
-		// member that missed a merge view must start the other subgroups'
-		// senders where the others did, not at seqno 0, or it waits for
-		// ever for messages that were purged long ago.
+		// A merge view goes again with the digest it came with: a member
+		// that missed it must start the other subgroups' senders where the
+		// others did, not at seqno 0, or it waits for ever for messages
+		// purged long ago. Any other view goes as it went, bare: its new
+		// members are joiners, whose messages start at seqno 1.
 		g.mu.Lock()
-		d := g.viewDigest
-		if g.viewDigestID != v.ID {
-			d = nil
+		h := &Header{Type: typeView, View: v}
+		if g.viewDigestID == v.ID {
+			h = &Header{Type: typeInstallView, View: v, Digest: g.viewDigest}
 		}
 		g.mu.Unlock()
-		if d == nil {
-			d = g.digest()
-		}
 		for _, a := range inc.Behind {
 			if v.Contains(a) && a != g.LocalAddress() {
 				g.viewsResent.Add(1)
-				g.send(a, &Header{Type: typeInstallView, View: v, Digest: d})
+				g.send(a, h)
 			}
 		}
 		if inc.Above >= v.ID.Seq {
