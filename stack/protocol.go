@@ -134,11 +134,22 @@ func (b *Base) Up(m *Message) { b.PassUp(m) }
 // A protocol that acts on messages without its own header overrides
 // UpBatch (UpBatchInOrder keeps its order too).
 func (b *Base) UpBatch(bt *Batch) {
-	if b.id == 0 || b.self == nil {
+	if b.id == 0 || b.self == nil || !b.anyMine(bt) {
+		// The common case, per layer and batch: nothing of this layer's,
+		// so no closures and no split.
 		b.PassUpBatch(bt)
 		return
 	}
 	b.UpBatchInOrder(bt, func(m *Message) bool { return m.Header(b.id) != nil }, b.self.Up)
+}
+
+func (b *Base) anyMine(bt *Batch) bool {
+	for _, m := range bt.Msgs {
+		if m.Header(b.id) != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // UpBatchInOrder walks bt in order: each message for which mine reports

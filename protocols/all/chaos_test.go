@@ -598,20 +598,27 @@ func startChaos(t *testing.T, file string, seed uint64, n int) *chaosRun {
 	return r
 }
 
+// faultsAndTraffic puts drop loss, 10% duplication and 10% reordering on
+// every link, starts every member's traffic and lets it run for 2 seconds.
+// The caller stops the traffic (stopAll) and waits for wg.
+func (r *chaosRun) faultsAndTraffic(drop float64, wg *sync.WaitGroup) {
+	r.net.SetDefault(sim.Rule{Drop: drop, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
+	for _, i := range r.alive() {
+		r.traffic(i, wg)
+	}
+	time.Sleep(2 * time.Second)
+}
+
 func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 	const n = 5
 	r := startChaos(t, file, seed, n)
 	defer r.close()
 	all := r.alive()
 
-	r.net.SetDefault(sim.Rule{Drop: 0.2, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer r.stopAll()
-	for i := range n {
-		r.traffic(i, &wg)
-	}
-	time.Sleep(2 * time.Second)
+	r.faultsAndTraffic(0.2, &wg)
 
 	perm := r.rng.Perm(n)
 	left, right := perm[:2], perm[2:]
@@ -684,14 +691,10 @@ func scenarioB(t *testing.T, seed uint64) {
 	const n = 5
 	r := startChaos(t, "flush.toml", seed, n)
 	defer r.close()
-	r.net.SetDefault(sim.Rule{Drop: 0.1, Duplicate: 0.1, Reorder: 0.1, ReorderWindow: 5 * time.Millisecond})
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer r.stopAll()
-	for i := range n {
-		r.traffic(i, &wg)
-	}
-	time.Sleep(2 * time.Second)
+	r.faultsAndTraffic(0.1, &wg)
 	r.churn(&wg)
 	victim := r.alive()[r.rng.IntN(len(r.alive()))]
 	r.crash(victim)
