@@ -491,8 +491,25 @@ func (r *chaosRun) settle() {
 				}
 			}
 		}
-		r.require(false, "the last round of messages did not reach every live member within 5 minutes: %s", strings.Join(missing, "; "))
+		r.require(false, "the last round of messages did not reach every live member within 5 minutes: %s%s", strings.Join(missing, "; "), r.reliability(live))
 	}
+}
+
+// reliability is the reliable-multicast state of the live members (their
+// digests and NAKACK counters), for a stall's failure message.
+func (r *chaosRun) reliability(live []int) string {
+	var b strings.Builder
+	for _, i := range live {
+		st := r.chs[i].Stack()
+		d, err := st.DownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
+		for _, ps := range st.Stats() {
+			if ps.Protocol == "NAKACK" || ps.Protocol == "STABLE" {
+				fmt.Fprintf(&b, "\n    %s %v", ps.Protocol, ps.Stats)
+			}
+		}
+	}
+	return b.String()
 }
 
 func (r *chaosRun) has(i int, k streamKey, seq int) bool {

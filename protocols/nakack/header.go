@@ -13,10 +13,11 @@ const (
 	typeXmitReq
 	typeXmitRsp
 	typeHighestSeqno
+	typePurged
 	numTypes
 )
 
-var typeNames = [...]string{"MSG", "XMIT_REQ", "XMIT_RSP", "HIGHEST_SEQNO"}
+var typeNames = [...]string{"MSG", "XMIT_REQ", "XMIT_RSP", "HIGHEST_SEQNO", "PURGED"}
 
 func (t hdrType) String() string {
 	if t < numTypes {
@@ -30,6 +31,8 @@ func (t hdrType) String() string {
 //	MSG, XMIT_RSP:  seqno (an XMIT_RSP is a retransmitted copy; its source is the original sender)
 //	XMIT_REQ:       original sender, missing seqnos (delta encoded)
 //	HIGHEST_SEQNO:  the sender's highest seqno (recovers a lost last message)
+//	PURGED:         the sender's answer to a request for its own messages it
+//	                no longer holds: seqno is the highest it purged
 type Header struct {
 	Type    hdrType
 	Seqno   uint64
@@ -67,7 +70,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	h := &Header{Type: hdrType(r.Uint8())}
 	switch h.Type {
-	case typeMsg, typeXmitRsp, typeHighestSeqno:
+	case typeMsg, typeXmitRsp, typeHighestSeqno, typePurged:
 		h.Seqno = r.Uvarint()
 	case typeXmitReq:
 		h.Sender = r.Address()
@@ -89,6 +92,7 @@ func init() {
 				&Header{Type: typeMsg, Seqno: 1},
 				&Header{Type: typeXmitRsp, Seqno: 1 << 50},
 				&Header{Type: typeHighestSeqno, Seqno: 77},
+				&Header{Type: typePurged, Seqno: 12},
 				&Header{Type: typeXmitReq, Sender: stack.NewAddress(), Missing: []uint64{3, 4, 1000}},
 				&Header{Type: typeXmitReq, Sender: stack.NewAddress(), Missing: []uint64{}},
 			}

@@ -67,7 +67,7 @@ type NAKACK struct {
 type stats struct {
 	sent, received, delivered, duplicates, nonMember, tooFar atomic.Int64
 	xmitReqSent, xmitReqRecv, xmits, gaps, highest           atomic.Int64
-	purged, stableEvents                                     atomic.Int64
+	purged, stableEvents, purgedAnswers, skipped             atomic.Int64
 }
 
 // table holds one sender's messages from low to hr; hd is the highest
@@ -197,7 +197,9 @@ func (n *NAKACK) UpBatch(b *stack.Batch) {
 		n.PassUp(m)
 	}
 	for _, m := range rest {
-		n.handle(m)
+		if src, ok := n.handle(m); ok && !slices.Contains(srcs, src) {
+			srcs = append(srcs, src)
+		}
 	}
 	n.PassUpBatch(b)
 	for _, s := range srcs {
@@ -238,8 +240,36 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 			}
 		}
 		n.mu.Unlock()
+	case typePurged:
+		return m.Src, n.skipPurged(m.Src, h.Seqno)
 	}
 	return stack.Address{}, false
+}
+
+// skipPurged takes a sender's word that it purged its messages up to upto:
+// every member of a view it sent them in has delivered them (STABLE), so
+// this member was not in that view. It happens after a merge, when the
+// other subgroup's STABLE purged past the digest the merge view carried.
+// Without it the receiver would ask for them for ever and deliver nothing
+// more from that sender. Placeholders mark the seqnos that will never
+// come; what this member holds in between is still delivered, in order.
+func (n *NAKACK) skipPurged(src stack.Address, upto uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t := n.tables[src]
+	if t == nil || src == n.LocalAddress() || upto <= t.hd || upto-t.hd > maxAhead {
+		return false
+	}
+	skipped := int64(0)
+	for s := t.hd + 1; s <= upto; s++ {
+		if t.msgs[s] == nil {
+			t.msgs[s] = &entry{delivered: true, arrived: true}
+			skipped++
+		}
+	}
+	t.hr = max(t.hr, upto)
+	n.st.skipped.Add(skipped)
+	return skipped > 0
 }
 
 // maxAhead is how far past the highest delivered seqno of a sender a
@@ -288,6 +318,11 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		e = &entry{m: m, arrived: true}
 		t.msgs[seq] = e
 		t.hr = max(t.hr, seq)
+		t.bytes += int64(len(m.Payload))
+	case e.m == nil:
+		// A seqno the sender said it purged (skipPurged) came after all,
+		// before delivery passed it: deliver it.
+		e.m, e.delivered = m, false
 		t.bytes += int64(len(m.Payload))
 	case m.Src == self && !e.arrived:
 		e.arrived = true // own message, looped back: deliver from the table
@@ -527,11 +562,15 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 	n.st.xmitReqRecv.Add(1)
 	var out []*stack.Message
+	purged := uint64(0)
 	n.mu.Lock()
 	if t := n.tables[h.Sender]; t != nil {
 		bytes := 0
 		for _, s := range h.Missing {
-			if e := t.msgs[s]; e != nil && bytes < maxXmitBytes {
+			if s < t.low && h.Sender == n.LocalAddress() {
+				purged = t.low - 1
+			}
+			if e := t.msgs[s]; e != nil && e.m != nil && bytes < maxXmitBytes {
 				bytes += len(e.m.Payload)
 				c := e.m.Copy()
 				c.Dest = from
@@ -544,6 +583,12 @@ func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 	for _, m := range out {
 		n.st.xmits.Add(1)
 		_ = n.PassDown(context.Background(), m)
+	}
+	if purged > 0 {
+		// Only the sender speaks for its own messages: another member's
+		// table may start late (it joined), which says nothing about them.
+		n.st.purgedAnswers.Add(1)
+		n.control(from, &Header{Type: typePurged, Seqno: purged})
 	}
 }
 
@@ -733,7 +778,9 @@ func (n *NAKACK) stable(d Digest) {
 		upto := min(e.HighestDelivered, t.hd)
 		for s := t.low; s <= upto; s++ {
 			if en := t.msgs[s]; en != nil {
-				t.bytes -= int64(len(en.m.Payload))
+				if en.m != nil {
+					t.bytes -= int64(len(en.m.Payload))
+				}
 				delete(t.msgs, s)
 				n.st.purged.Add(1)
 			}
@@ -769,6 +816,8 @@ func (n *NAKACK) Stats() []stack.Stat {
 		{Name: "msgs_held", Value: held},
 		{Name: "bytes_held", Value: bytes},
 		{Name: "msgs_purged", Value: s.purged.Load()},
+		{Name: "purged_answers_sent", Value: s.purgedAnswers.Load()},
+		{Name: "msgs_skipped_purged", Value: s.skipped.Load()},
 		{Name: "stable_events", Value: s.stableEvents.Load()},
 	}
 }

@@ -272,3 +272,34 @@ func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestPurgedMessagesOfAnotherViewAreSkipped: A's first five multicasts were
+// sent in a view without C ([A,B]) and became stable there, so A purged
+// them. C then joins a view with A carrying a digest that is older than
+// that purge (as a merge view's digest can be: the other subgroup's STABLE
+// went on after the digest was taken). A answers C's requests with
+// PURGED, C skips those seqnos, and delivers A's later multicasts in
+// order; without the answer C would ask for ever and deliver nothing more
+// from A.
+func TestPurgedMessagesOfAnotherViewAreSkipped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(t, 3, 1)
+		a, b, c := g.c.Channels[0], g.c.Channels[1], g.c.Channels[2]
+		g.d[2].DropUpIf(func(m *stack.Message) bool { return m.Src == a.Address() })
+		stacktest.InjectView(t, stack.NewView(a.Address(), 5, a.Address(), b.Address()), a, b)
+		for s := range 5 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, g.nak[0], "msgs_purged") >= 5 }, "A purged its five multicasts")
+		stacktest.InjectView(t, stack.NewView(a.Address(), 6, a.Address(), b.Address(), c.Address()), a, b, c)
+		g.nak[2].SetDigest(nakack.Digest{{Member: a.Address(), HighestDelivered: 2, HighestReceived: 5}})
+		g.d[2].DropUpIf(nil)
+		for s := 5; s < 8; s++ {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[2].Len() == 3 }, "C delivered A's multicasts of the new view")
+		require.Equal(t, []int{5, 6, 7}, g.c.Recv[2].Seqs(a.Address()))
+		require.Equal(t, int64(3), stacktest.Stat(t, g.nak[2], "msgs_skipped_purged"))
+		require.Positive(t, stacktest.Stat(t, g.nak[0], "purged_answers_sent"))
+	})
+}
