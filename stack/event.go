@@ -62,6 +62,11 @@ type FlushRequest struct {
 	// AwaitState (stop): joiners that fetch the state inside this round
 	// (Channel.ConnectWithState); the group stays blocked until they have.
 	AwaitState []Address
+	// Leaving (stop): this member is not in the view the round installed (a
+	// coordinator that leaves). The others unblock; it delivers nothing
+	// more that the round held, since all of it was sent in a view it is
+	// not in.
+	Leaving bool
 }
 
 // ConnectRequest is EvConnect's argument from Channel.ConnectWithState: join

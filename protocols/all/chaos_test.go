@@ -30,9 +30,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,6 +125,8 @@ type recorder struct {
 	cur   stack.ViewID
 	bad   []string
 	views []*stack.View
+	name  string
+	log   io.Writer // deliveries and views, with every member's log (STRATA_CHAOS_LOG)
 }
 
 // msgKey names one sent message.
@@ -143,6 +148,9 @@ func (r *recorder) Receive(m *stack.Message) {
 		return
 	}
 	k := streamKey{p.sender, p.kind, p.to}
+	if r.log != nil {
+		fmt.Fprintf(r.log, "time=%s member=%s app: delivered %s %d#%d in %s\n", time.Now().Format("15:04:05.000"), r.name, []string{"multicast", "oob", "unicast"}[p.kind], p.sender, p.seq, r.cur)
+	}
 	r.got[k] = append(r.got[k], p.seq)
 	r.in[msgKey{k, p.seq}] = r.cur
 }
@@ -152,6 +160,21 @@ func (r *recorder) ViewAccepted(v *stack.View) {
 	defer r.mu.Unlock()
 	r.views = append(r.views, v)
 	r.cur = v.ID
+	if r.log != nil {
+		fmt.Fprintf(r.log, "time=%s member=%s app: view %s\n", time.Now().Format("15:04:05.000"), r.name, v)
+	}
+}
+
+// lockedWriter serialises the members' log lines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // chaosRun is one seeded run of a shipped stack.
@@ -171,6 +194,7 @@ type chaosRun struct {
 	seqs  map[streamKey]int
 	stops []chan struct{} // per member: closed to stop its traffic
 	quiet []bool          // per member: its traffic was stopped
+	log   io.Writer       // every member's log (STRATA_CHAOS_LOG=dir), or nil
 }
 
 func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
@@ -178,6 +202,13 @@ func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
 	r.net = stacktest.NewNetwork(t, seed)
 	r.data = simStack(t, file, "")
 	r.vars = map[string]string{"STRATA_SIM_NETWORK": r.net.Name()}
+	if dir := os.Getenv("STRATA_CHAOS_LOG"); dir != "" {
+		// Every member's log, in one file per seed, for a failure's story.
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.log", strings.TrimSuffix(file, ".toml"), seed)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = f.Close() })
+		r.log = &lockedWriter{w: f}
+	}
 	return r
 }
 
@@ -187,7 +218,12 @@ func (r *chaosRun) add() int {
 	sc, err := stack.ParseConfigVars(r.file, r.data, r.vars)
 	require.NoError(r.t, err)
 	rec := newRecorder()
-	ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8|uint64(i)))
+	rec.name, rec.log = stacktest.Names[i], r.log
+	opts := []stack.Option{stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8 | uint64(i))}
+	if r.log != nil {
+		opts = append(opts, stack.WithLogger(slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("member", stacktest.Names[i])))
+	}
+	ch, err := stack.NewChannelFromConfig(sc, opts...)
 	require.NoError(r.t, err)
 	r.mu.Lock()
 	r.chs, r.recs, r.dead = append(r.chs, ch), append(r.recs, rec), append(r.dead, false)
@@ -751,7 +787,7 @@ func (r *chaosRun) checkVirtualSynchrony() {
 				continue
 			}
 			own, ok := in[k.sender][k]
-			r.require(!ok || own == v, "member %s delivered %d#%d in %s, its sender in %s", stacktest.Names[i], k.sender, k.seq, v, own)
+			r.require(!ok || own == v, "member %s delivered %s %d#%d in %s, its sender in %s", stacktest.Names[i], []string{"multicast", "oob", "unicast"}[k.kind], k.sender, k.seq, v, own)
 		}
 	}
 	for i := range r.recs {

@@ -134,6 +134,9 @@ type FLUSH struct {
 	n           uint64
 	run         *initRound // round this member initiated and has not stopped
 	regularStop bool       // test hook: STOP_FLUSH and UNBLOCKED as regular messages
+	// left: this member is not in the view its last round installed (it is
+	// a leaving coordinator); what the round held is never released.
+	left bool
 
 	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos atomic.Int64
 }
@@ -156,7 +159,7 @@ func (f *FLUSH) Init() error { return f.cfg.Validate() }
 // Start starts the safety valve that unblocks a member blocked too long.
 func (f *FLUSH) Start() error {
 	f.mu.Lock()
-	f.view, f.cur, f.joining, f.run, f.blockCalled = nil, nil, false, nil, false
+	f.view, f.cur, f.joining, f.run, f.blockCalled, f.left = nil, nil, false, nil, false, false
 	clear(f.done)
 	f.mu.Unlock()
 	f.gate.Open()
@@ -195,6 +198,7 @@ func (f *FLUSH) Down(ctx context.Context, m *stack.Message) error {
 // the digest taken next covers every multicast this member sent.
 func (f *FLUSH) block() {
 	f.mu.Lock()
+	f.Log().Debug("flush: blocking", "round", f.cur.String())
 	call := !f.blockCalled
 	f.blockCalled = true
 	if f.since.IsZero() {
@@ -211,10 +215,17 @@ func (f *FLUSH) block() {
 	f.inflight.Unlock()
 }
 
-// unblock opens the gate and calls Receiver.Unblock if Block was called.
-// Callers hold pmu.
-func (f *FLUSH) unblock() {
+// unblock ends this member's part in a round: it lets the senders a
+// view-change round held go and opens the gate. Callers hold pmu.
+func (f *FLUSH) unblock() { f.open(true) }
+
+// open opens the gate and calls Receiver.Unblock if Block was called; with
+// release, it also ends NAKACK's hold of a view-change round. Callers hold
+// pmu.
+func (f *FLUSH) open(release bool) {
 	f.mu.Lock()
+	release = release && !f.left
+	f.Log().Debug("flush: unblocking", "round", f.cur.String(), "release", release)
 	call := f.blockCalled
 	f.blockCalled = false
 	f.cur, f.stopWait = nil, nil
@@ -227,8 +238,10 @@ func (f *FLUSH) unblock() {
 		f.since = time.Time{}
 	}
 	f.mu.Unlock()
-	// A view-change round's hold on senders outside it ends here.
-	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+	if release {
+		// A view-change round's hold on every sender ends here.
+		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+	}
 	f.gate.Open()
 	if call {
 		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnblock, nil))
@@ -446,11 +459,12 @@ func (f *FLUSH) answer(src stack.Address, h *Header) {
 }
 
 // digest returns this member's digest for the round; before a view change
-// it also holds the senders that do not take part (see nakack.Hold).
+// it also holds every sender at what this member delivered until the round
+// ends (see nakack.Hold).
 func (f *FLUSH) digest(r *partRound) nakack.Digest {
 	var arg any
-	if r != nil && r.vc && len(r.parts) > 0 {
-		arg = nakack.Hold{Participants: r.parts}
+	if r != nil && r.vc {
+		arg = nakack.Hold{}
 	}
 	v, err := f.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, arg))
 	if err != nil {
@@ -670,6 +684,9 @@ func (f *FLUSH) stopFlush(ctx context.Context, req stack.FlushRequest) error {
 		f.mu.Unlock()
 		return nil
 	}
+	if req.Leaving {
+		f.left = true
+	}
 	f.mu.Unlock()
 	f.awaitStates(ctx, req.AwaitState)
 	f.mu.Lock()
@@ -782,8 +799,11 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			f.viewChange(v)
 		}
 	case stack.EvDisconnect:
+		// Senders blocked at the gate return, but what a view-change round
+		// holds stays held: it was sent in a view this member is leaving
+		// (a leaving coordinator, say), and must not reach it.
 		f.pmu.Lock()
-		f.unblock()
+		f.open(false)
 		f.pmu.Unlock()
 	}
 	return f.PassDownEvent(ctx, ev)
@@ -804,12 +824,8 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 		// After the application has the view: a STOP_FLUSH that waited
 		// for it takes effect.
 		res, err := f.PassUpEvent(ev)
-		f.mu.Lock()
-		sw := f.stopWait
-		ready := sw != nil && f.view != nil && f.view.ID.Seq >= sw.h.View.Seq
-		f.mu.Unlock()
-		if ready {
-			f.handleStop(sw.src, sw.h)
+		if v, ok := ev.Arg.(*stack.View); ok {
+			f.viewDelivered(v)
 		}
 		return res, err
 	}
@@ -864,9 +880,26 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
 func (f *FLUSH) viewChange(v *stack.View) {
 	f.mu.Lock()
 	f.view = v
-	orphan := f.cur != nil && !v.Contains(f.cur.id.Initiator) && f.cur.id.Initiator != f.LocalAddress()
-	cur := f.cur
+	if ir := f.run; ir != nil {
+		ir.kick() // members that left are no longer awaited
+	}
 	f.mu.Unlock()
+}
+
+// viewDelivered runs once the application has v: a round whose initiator
+// left the view ends here (not before, or what the members send in the new
+// view could reach the application before the view does), and so does a
+// STOP_FLUSH that waited for v.
+func (f *FLUSH) viewDelivered(v *stack.View) {
+	f.mu.Lock()
+	cur := f.cur
+	orphan := cur != nil && !v.Contains(cur.id.Initiator) && cur.id.Initiator != f.LocalAddress()
+	sw := f.stopWait
+	ready := sw != nil && f.view != nil && f.view.ID.Seq >= sw.h.View.Seq
+	f.mu.Unlock()
+	if ready {
+		f.handleStop(sw.src, sw.h)
+	}
 	if orphan {
 		f.Log().Info("flush: the round's initiator left the view; unblocking", "round", cur.id)
 		f.pmu.Lock()
@@ -878,11 +911,6 @@ func (f *FLUSH) viewChange(v *stack.View) {
 		}
 		f.pmu.Unlock()
 	}
-	f.mu.Lock()
-	if ir := f.run; ir != nil {
-		ir.kick() // members that left are no longer awaited
-	}
-	f.mu.Unlock()
 }
 
 // Stats reports FLUSH's counters.
@@ -903,4 +931,12 @@ func (f *FLUSH) Stats() []stack.Stat {
 		{Name: "stops_deferred_to_view", Value: f.stopsDeferred.Load()},
 		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
 	}
+}
+
+// String names the round, for logs.
+func (r *partRound) String() string {
+	if r == nil {
+		return "none"
+	}
+	return r.id.String()
 }

@@ -479,7 +479,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
 	}
 	defer func() {
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners}))
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, Leaving: !nv.Contains(self)}))
 	}()
 	expect := map[stack.Address]bool{}
 	for _, m := range nv.Members {

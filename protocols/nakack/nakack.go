@@ -330,7 +330,9 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		n.st.duplicates.Add(1)
 		return false, nil
 	}
-	if e.m.Has(stack.OOB) && !e.delivered {
+	if e.m.Has(stack.OOB) && !e.delivered && !(t.held && seq > t.limit && !e.m.Has(stack.Internal)) {
+		// Out of band: delivered at once, unless a flush holds its sender
+		// (it was sent in the next view); then in order, when the hold ends.
 		e.delivered = true
 		return true, e.m
 	}
@@ -357,19 +359,21 @@ type Reconcile struct {
 }
 
 // Hold is the argument of EvGetDigest in a flush before a view change:
-// return the digest, and hold every sender not in Participants at what has
-// been delivered from it, so that what this member reports stays true
-// while the round runs. An empty Reconcile, when the flush ends, ends the
-// hold.
-type Hold struct {
-	Participants []stack.Address
-}
+// return the digest, and hold every sender at what has been delivered from
+// it. A reconcile lets each go up to its target; the rest (what its sender
+// sent in the next view) waits until the flush ends (an empty Reconcile),
+// which FLUSH does only after this member has installed the new view. So
+// no member delivers in the old view what was sent in the new one, however
+// late its copy of the view is, and a member that leaves delivers nothing
+// of a view it is not in. Internal messages pass a hold (the new view is
+// one of them), in their seqno order.
+type Hold struct{}
 
 // hold implements Hold; see there.
-func (n *NAKACK) hold(h Hold) Digest {
+func (n *NAKACK) hold() Digest {
 	n.mu.Lock()
-	for src, t := range n.tables {
-		if !slices.Contains(h.Participants, src) && !t.held {
+	for _, t := range n.tables {
+		if !t.held {
 			t.held, t.limit = true, t.hd
 		}
 	}
@@ -533,7 +537,7 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		var msgs []*stack.Message
 		for {
 			e := t.msgs[t.hd+1]
-			if e == nil || (src == self && !e.arrived && !e.delivered) || t.held && t.hd >= t.limit {
+			if e == nil || (src == self && !e.arrived && !e.delivered) || t.held && t.hd >= t.limit && e.m != nil && !e.m.Has(stack.Internal) {
 				break
 			}
 			t.hd++
@@ -685,8 +689,8 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			n.viewChange(v)
 		}
 	case stack.EvGetDigest:
-		if h, ok := ev.Arg.(Hold); ok {
-			return n.hold(h), nil
+		if _, ok := ev.Arg.(Hold); ok {
+			return n.hold(), nil
 		}
 		return n.Digest(), nil
 	case stack.EvSetDigest:
