@@ -62,11 +62,11 @@ type FlushRequest struct {
 	// AwaitState (stop): joiners that fetch the state inside this round
 	// (Channel.ConnectWithState); the group stays blocked until they have.
 	AwaitState []Address
-	// Leaving (stop): this member is not in the view the round installed (a
-	// coordinator that leaves). The others unblock; it delivers nothing
-	// more that the round held, since all of it was sent in a view it is
-	// not in.
-	Leaving bool
+	// View (stop): the view the round installed. Participants unblock only
+	// once they have it; a member not in it (a coordinator that leaves)
+	// delivers nothing more of what the round held, all of it sent in a
+	// view it is not in.
+	View *View
 }
 
 // ConnectRequest is EvConnect's argument from Channel.ConnectWithState: join

@@ -83,15 +83,18 @@ var ErrFlushFailed = errors.New("flush: failed")
 
 // partRound is the round a participant is blocked for.
 type partRound struct {
-	id    RoundID
-	vc    bool
-	parts []stack.Address
+	id     RoundID
+	vc     bool
+	parts  []stack.Address
+	from   stack.ViewID // this member's view when the round started
+	warned bool         // the safety valve said it waits for the view
 }
 
 // initRound is a round this member initiated.
 type initRound struct {
 	id       RoundID
 	vc       bool
+	view     stack.ViewID // the view the round installed (GMS's stop), if known
 	parts    []stack.Address
 	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
 	answered map[stack.Address]nakack.Digest
@@ -138,7 +141,7 @@ type FLUSH struct {
 	// a leaving coordinator); what the round held is never released.
 	left bool
 
-	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos atomic.Int64
+	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos, viewWaits atomic.Int64
 }
 
 var _ stack.Protocol = (*FLUSH)(nil)
@@ -255,7 +258,25 @@ func (f *FLUSH) safetyValve() {
 	f.mu.Lock()
 	stuck := (f.cur != nil || f.joining) && !f.since.IsZero() && time.Since(f.since) > f.cfg.Timeout
 	cur := f.cur
+	// A view-change round whose view has not come: unblocked, this member
+	// would send in the old view what the others deliver in the new one,
+	// and deliver theirs in the old. It waits for the view (its initiator
+	// resends it, or MERGE3 finds this member behind); the view ends the
+	// round (STOP_FLUSH, or the initiator is not in it), or a newer round
+	// takes its place.
+	waitView := stuck && cur != nil && cur.vc && f.view != nil && f.view.ID == cur.from
+	warn := waitView && !cur.warned
+	if waitView {
+		cur.warned = true
+	}
 	f.mu.Unlock()
+	if waitView {
+		if warn {
+			f.viewWaits.Add(1)
+			f.Log().Warn("flush: blocked for longer than timeout, but the round's view has not come; staying blocked until it does", "round", cur.id, "timeout", f.cfg.Timeout)
+		}
+		return
+	}
 	if !stuck {
 		return
 	}
@@ -377,6 +398,9 @@ func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 		return
 	}
 	cur := &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
+	if f.view != nil {
+		cur.from = f.view.ID
+	}
 	f.cur = cur
 	f.mu.Unlock()
 	if old != nil {
@@ -684,8 +708,9 @@ func (f *FLUSH) stopFlush(ctx context.Context, req stack.FlushRequest) error {
 		f.mu.Unlock()
 		return nil
 	}
-	if req.Leaving {
-		f.left = true
+	if req.View != nil {
+		ir.view = req.View.ID
+		f.left = !req.View.Contains(f.LocalAddress())
 	}
 	f.mu.Unlock()
 	f.awaitStates(ctx, req.AwaitState)
@@ -770,8 +795,11 @@ func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address
 		}
 	}
 	stop := &Header{Type: typeStop, Round: ir.id}
-	if ir.vc && f.view != nil && f.view.Contains(f.LocalAddress()) {
-		stop.View = f.view.ID // unblock in this view, not before it
+	switch {
+	case !ir.view.Creator.IsZero():
+		stop.View = ir.view // unblock in the view the round installed, not before it
+	case ir.vc && f.view != nil && f.view.Contains(f.LocalAddress()):
+		stop.View = f.view.ID
 	}
 	f.mu.Unlock()
 	for _, p := range to {
@@ -930,6 +958,7 @@ func (f *FLUSH) Stats() []stack.Stat {
 		{Name: "late_starts_ignored", Value: f.lateStarts.Load()},
 		{Name: "stops_deferred_to_view", Value: f.stopsDeferred.Load()},
 		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
+		{Name: "safety_waits_for_view", Value: f.viewWaits.Load()},
 	}
 }
 

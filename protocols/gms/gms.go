@@ -6,8 +6,9 @@
 // coordinator through discovery and asks it to join; the coordinator
 // bundles the joins, leaves and suspicions that arrive close together into
 // one new view, installs it, multicasts it, answers each joiner with the
-// view and the reliable-multicast digest, and waits (up to view_ack_timeout)
-// until every member has acknowledged it. If the coordinator leaves or is
+// view and the reliable-multicast digest, and waits until every member has
+// acknowledged it (sending it again every view_ack_timeout to the members
+// that have not, until they do, are suspected, or max_view_ack_wait ends). If the coordinator leaves or is
 // suspected, the next member of the view takes over. MERGE3 below reports
 // other subgroups after a partition; the merge leader gathers their views
 // and digests and installs one merge view on every member.
@@ -31,7 +32,8 @@ import (
 type Config struct {
 	JoinTimeout      time.Duration `toml:"join_timeout" doc:"how long one join attempt waits for the coordinator's answer"`
 	MaxJoinAttempts  int           `toml:"max_join_attempts" doc:"join attempts before the member gives up and starts a group of its own (0: never)"`
-	ViewAckTimeout   time.Duration `toml:"view_ack_timeout" doc:"how long the coordinator waits for every member to acknowledge a view"`
+	ViewAckTimeout   time.Duration `toml:"view_ack_timeout" doc:"how long the coordinator waits for a view's acknowledgements before it sends the view again to the members that have not acknowledged it"`
+	MaxViewAckWait   time.Duration `toml:"max_view_ack_wait" doc:"longest the coordinator waits for every member to acknowledge a view; a member suspected meanwhile is no longer awaited"`
 	LeaveTimeout     time.Duration `toml:"leave_timeout" doc:"how long a leaving member waits for the coordinator to confirm"`
 	MaxBundlingTime  time.Duration `toml:"max_bundling_time" doc:"requests arriving within this time of each other go into one view change"`
 	MergeTimeout     time.Duration `toml:"merge_timeout" doc:"how long a merge leader waits for the other coordinators' views"`
@@ -42,7 +44,7 @@ type Config struct {
 // DefaultConfig returns GMS's defaults (JGroups' udp.xml where it has them).
 func DefaultConfig() Config {
 	return Config{
-		JoinTimeout: 2 * time.Second, MaxJoinAttempts: 10, ViewAckTimeout: 2 * time.Second,
+		JoinTimeout: 2 * time.Second, MaxJoinAttempts: 10, ViewAckTimeout: 2 * time.Second, MaxViewAckWait: 30 * time.Second,
 		LeaveTimeout: time.Second, MaxBundlingTime: 50 * time.Millisecond, MergeTimeout: 5 * time.Second,
 		PrintLocalAddr: true,
 	}
@@ -57,6 +59,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_join_attempts", "must be >= 0 (0: never give up), got %d", c.MaxJoinAttempts)
 	case c.ViewAckTimeout <= 0:
 		return stack.BadKey("view_ack_timeout", "must be > 0, got %s", c.ViewAckTimeout)
+	case c.MaxViewAckWait < c.ViewAckTimeout:
+		return stack.BadKey("max_view_ack_wait", "(%s) must be at least view_ack_timeout (%s)", c.MaxViewAckWait, c.ViewAckTimeout)
 	case c.LeaveTimeout <= 0:
 		return stack.BadKey("leave_timeout", "must be > 0, got %s", c.LeaveTimeout)
 	case c.MaxBundlingTime < 0:
@@ -479,7 +483,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
 	}
 	defer func() {
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, Leaving: !nv.Contains(self)}))
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, View: nv}))
 	}()
 	expect := map[stack.Address]bool{}
 	for _, m := range nv.Members {
@@ -497,7 +501,8 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 	if nv.Contains(self) {
 		g.install(nv, nil)
 	}
-	g.send(stack.Address{}, &Header{Type: typeView, View: nv})
+	vh := &Header{Type: typeView, View: nv}
+	g.send(stack.Address{}, vh)
 	if len(joiners) > 0 {
 		d := g.digest()
 		g.mu.Lock()
@@ -510,15 +515,45 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 			g.send(j, &Header{Type: typeJoinRsp, View: nv, Digest: d})
 		}
 	}
-	g.waitAcks(aw)
+	g.waitAcks(aw, func(a stack.Address) {
+		// A joiner ignores views until it has joined: it gets its answer
+		// again, with the digest of the view it joined in.
+		if slices.Contains(joiners, a) {
+			g.mu.Lock()
+			d := g.joinDigests[a]
+			g.mu.Unlock()
+			g.send(a, &Header{Type: typeJoinRsp, View: nv, Digest: d})
+			return
+		}
+		g.send(a, vh)
+	})
 }
 
-func (g *GMS) waitAcks(aw *ackWait) {
-	t := time.NewTimer(g.cfg.ViewAckTimeout)
+// waitAcks waits until every member of the view has acknowledged it. The
+// members that have not get the view again (resend, by reliable unicast) every
+// view_ack_timeout: a coordinator that went on without them would let the
+// others unblock and send in the new view while they are still in the old
+// one (and a leaving coordinator would leave them there for good). A member
+// suspected meanwhile is no longer awaited; max_view_ack_wait bounds it all.
+func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
+	t := time.NewTicker(g.cfg.ViewAckTimeout)
 	defer t.Stop()
-	select {
-	case <-aw.done:
-	case <-t.C:
+	until := time.Now().Add(g.cfg.MaxViewAckWait)
+	defer func() {
+		g.mu.Lock()
+		if g.acks == aw {
+			g.acks = nil
+		}
+		g.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-aw.done:
+			return
+		case <-g.Done():
+			return
+		case <-t.C:
+		}
 		g.mu.Lock()
 		var missing []stack.Address
 		for a := range aw.missing {
@@ -526,14 +561,16 @@ func (g *GMS) waitAcks(aw *ackWait) {
 		}
 		g.mu.Unlock()
 		g.ackTimeouts.Add(1)
-		g.Log().Warn("view not acknowledged by every member within view_ack_timeout", "view", aw.id, "missing", missing, "timeout", g.cfg.ViewAckTimeout)
-	case <-g.Done():
+		if !time.Now().Before(until) {
+			g.Log().Warn("view not acknowledged by every member within max_view_ack_wait", "view", aw.id, "missing", missing, "max_view_ack_wait", g.cfg.MaxViewAckWait)
+			return
+		}
+		g.Log().Info("view not acknowledged within view_ack_timeout; sending it again", "view", aw.id, "missing", missing, "timeout", g.cfg.ViewAckTimeout)
+		for _, a := range missing {
+			g.viewsResent.Add(1)
+			resend(a)
+		}
 	}
-	g.mu.Lock()
-	if g.acks == aw {
-		g.acks = nil
-	}
-	g.mu.Unlock()
 }
 
 func (g *GMS) ack(from stack.Address, id stack.ViewID) {
@@ -766,6 +803,13 @@ func (g *GMS) suspect(as []stack.Address) {
 		if a != self && g.view.Contains(a) && !g.suspects[a] {
 			g.suspects[a] = true
 			added = true
+		}
+		// A view's acknowledgement is no longer awaited from it.
+		if aw := g.acks; aw != nil && aw.missing[a] {
+			delete(aw.missing, a)
+			if len(aw.missing) == 0 {
+				close(aw.done)
+			}
 		}
 	}
 	coord := g.view != nil && g.coordLocked() == self
@@ -1128,12 +1172,13 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	g.acks = aw
 	g.mu.Unlock()
 	g.install(mv, digest)
+	ih := &Header{Type: typeInstallView, View: mv, Digest: digest, MergeID: ms.id}
 	for _, m := range members {
 		if m != self {
-			g.send(m, &Header{Type: typeInstallView, View: mv, Digest: digest, MergeID: ms.id})
+			g.send(m, ih)
 		}
 	}
-	g.waitAcks(aw)
+	g.waitAcks(aw, func(a stack.Address) { g.send(a, ih) })
 }
 
 // handleMergeReq is a subgroup coordinator's part: it answers with its view
