@@ -1050,7 +1050,11 @@ func (g *GMS) leave(ctx context.Context) {
 	}
 	timeout := g.cfg.LeaveTimeout
 	if coord == self {
-		timeout += g.cfg.MaxBundlingTime + g.cfg.ViewAckTimeout
+		// The coordinator leaves once every member has its last view (or
+		// is suspected): gone earlier, it could no longer send the view
+		// again, and a member that missed it would stay in the old view,
+		// blocked by the flush, until MERGE3 finds it.
+		timeout += g.cfg.MaxBundlingTime + g.cfg.MaxViewAckWait + 2*g.cfg.ViewAckTimeout
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()

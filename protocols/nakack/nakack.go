@@ -426,7 +426,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 	}
 	tick := time.NewTicker(n.cfg.XmitInterval)
 	defer tick.Stop()
-	ask := true
+	ask, tries := true, 0
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for {
@@ -450,6 +450,15 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 			if !ask || i >= len(rc.From) || rc.From[i] == self || rc.From[i].IsZero() || t.hd >= goal {
 				continue
 			}
+			from := rc.From[i]
+			if tries%2 == 1 {
+				// The member named may be gone (a leaver that left in the
+				// middle of the round): every other try asks another
+				// member of the view, which may have fetched them by now.
+				if o := n.otherMember(from); !o.IsZero() {
+					from = o
+				}
+			}
 			var missing []uint64
 			for s := t.hd + 1; s <= goal && len(missing) < n.cfg.MaxXmitReq; s++ {
 				if t.msgs[s] == nil {
@@ -460,11 +469,14 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 				reqs = append(reqs, struct {
 					to stack.Address
 					h  *Header
-				}{rc.From[i], &Header{Type: typeXmitReq, Sender: e.Member, Missing: missing}})
+				}{from, &Header{Type: typeXmitReq, Sender: e.Member, Missing: missing}})
 			}
 		}
 		if ready {
 			return nil
+		}
+		if ask {
+			tries++
 		}
 		if len(reqs) > 0 {
 			n.mu.Unlock()
@@ -737,6 +749,25 @@ func (n *NAKACK) viewChange(v *stack.View) {
 		}
 	}
 	n.signalLocked()
+}
+
+// otherMember returns a random member of the view other than this member
+// and not, or the zero address if there is none; callers hold n.mu.
+func (n *NAKACK) otherMember(not stack.Address) stack.Address {
+	if n.view == nil {
+		return stack.Address{}
+	}
+	self := n.LocalAddress()
+	var others []stack.Address
+	for _, m := range n.view.Members {
+		if m != self && m != not {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return stack.Address{}
+	}
+	return others[n.Rand().IntN(len(others))]
 }
 
 // Digest returns, per sender, the highest seqno delivered and received.

@@ -419,6 +419,7 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 		if t, ok := u.tombs[src]; ok && !u.fixOff && t.connID == h.ConnID && t.hd >= start {
 			start = t.hd + 1 // continue after what the closed connection delivered
 		}
+		u.Log().Debug("unicast2: receive connection opened", "from", src, "conn", h.ConnID, "first", h.Seqno, "start", start, "tomb", u.tombs[src])
 		delete(u.tombs, src)
 		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
 		u.recv[src] = e
@@ -658,6 +659,7 @@ func (u *Unicast2) CloseReceiveConnection(src stack.Address) {
 		return
 	}
 	delete(u.recv, src)
+	u.Log().Debug("unicast2: receive connection closed", "from", src, "conn", e.connID, "delivered", e.next-1)
 	var sh *Header
 	if !u.fixOff {
 		sh = u.stableHeader(e)
