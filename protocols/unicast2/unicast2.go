@@ -159,21 +159,21 @@ func (u *Unicast2) Init() error {
 	return u.cfg.Validate()
 }
 
-// Start starts the retransmission and stable timers.
+// Start forgets every connection (a reconnect is a new member) and starts
+// the retransmission and stable timers. Connections are forgotten here and
+// not in Stop: while the stack stops, messages still on their way up must
+// meet the connections they belong to, or a resent first message would
+// open a new one and be delivered again.
 func (u *Unicast2) Start() error {
-	u.GoEvery(u.cfg.XmitInterval, u.xmitTask)
-	u.GoEvery(u.cfg.StableInterval, func() { u.sendStables(false) })
-	return nil
-}
-
-// Stop forgets every connection (a reconnect is a new member).
-func (u *Unicast2) Stop() {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	clear(u.send)
 	clear(u.recv)
 	clear(u.tombs)
 	clear(u.syncSent)
+	u.mu.Unlock()
+	u.GoEvery(u.cfg.XmitInterval, u.xmitTask)
+	u.GoEvery(u.cfg.StableInterval, func() { u.sendStables(false) })
+	return nil
 }
 
 // maxAhead is how far past the next seqno to deliver a message may be; one

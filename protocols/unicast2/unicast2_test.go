@@ -458,3 +458,24 @@ func TestImpossibleSeqnosAreDroppedAndCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestStoppingReceiverDoesNotDeliverAResentFirstMessageAgain: B has
+// delivered A's two unicasts, but its STABLEs are lost, so A resends its
+// first message (flagged first) now and then. While B's stack stops (a
+// leaving member's Disconnect), messages still come up; the connection must
+// still be known then, or the resent first message opens a new one and is
+// delivered a second time (seen in the chaos suite as "delivered #0 after
+// #0" at a member that was leaving).
+func TestStoppingReceiverDoesNotDeliverAResentFirstMessageAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPair(t, 1, testConfig(), false, nil)
+		p.d[1].DropDownIf(func(*stack.Message) bool { return true }) // B's STABLEs never reach A
+		p.sendRange(t, 0, 1)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 2 }, "B delivered both")
+		p.u[1].Stop()
+		before := stacktest.Stat(t, p.u[0], "resends_of_unacked")
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, p.u[0], "resends_of_unacked") > before+2 }, "A resent its first message")
+		synctest.Wait()
+		require.Equal(t, []int{0, 1}, p.recvFrom())
+	})
+}
