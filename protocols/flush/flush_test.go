@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/flush"
 	"github.com/strata-go/strata/protocols/gms"
 	"github.com/strata-go/strata/protocols/sim"
@@ -417,5 +418,126 @@ func TestVirtualSynchronyUnderFaults(t *testing.T) {
 		}
 		require.Positive(t, pairs, "some members moved through the same views")
 		require.Positive(t, sent.Load())
+	})
+}
+
+// TestMemberThatMissesTheViewDeliversNothingOfTheNextViewInTheOldOne: the
+// coordinator A leaves; its last view (and every copy of it) misses C for
+// longer than FLUSH's timeout. B installs the view, is unblocked (its
+// round's initiator is gone) and multicasts in the new view. C, still in
+// the old view, must deliver none of that there, nor send in it: it stays
+// held and blocked (the safety valve waits for the view) until the view
+// reaches it, and then delivers B's messages in the view B sent them in.
+func TestMemberThatMissesTheViewDeliversNothingOfTheNextViewInTheOldOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		a, b, c := ms[0], ms[1], ms[2]
+		var drop atomic.Bool
+		drop.Store(true)
+		d := discard.New(discard.DefaultConfig())
+		d.DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			return ok && h.Kind() == "VIEW" && drop.Load()
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d, "GMS"))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		for i, m := range []*member{b, c} {
+			wg.Go(func() {
+				for seq := 0; ctx.Err() == nil; seq++ {
+					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		}
+		time.Sleep(time.Second)
+		left := make(chan error, 1)
+		go func() { left <- a.Ch.Disconnect(context.Background()) }()
+		stacktest.WaitFor(t, time.Minute, func() bool { return !b.Ch.View().Contains(a.Addr()) }, "B installed the view without A")
+		// The fault lasts longer than FLUSH's timeout (the safety valve).
+		time.Sleep(flush.DefaultConfig().Timeout + 2*time.Second)
+		require.True(t, c.Ch.View().Contains(a.Addr()), "C is still in the old view")
+		drop.Store(false)
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(b.Member, c.Member) }, "C got the view")
+		require.NoError(t, <-left)
+		time.Sleep(time.Second)
+		cancel()
+		wg.Wait()
+
+		// Each multicast is delivered in the same view by B and C.
+		newView := b.Ch.View().ID
+		inNew := 0
+		b.r.mu.Lock()
+		c.r.mu.Lock()
+		defer b.r.mu.Unlock()
+		defer c.r.mu.Unlock()
+		for _, r := range []*receiver{b.r, c.r} {
+			for v, set := range r.inView {
+				for k := range set {
+					if v == newView {
+						inNew++
+					}
+					other := c.r
+					if r == c.r {
+						other = b.r
+					}
+					if got := where(other, k); got != "never delivered it" {
+						require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
+					}
+				}
+			}
+		}
+		require.Positive(t, inNew, "messages were sent in the new view")
+		require.Positive(t, stacktest.Stat(t, c.f, "safety_waits_for_view"))
+	})
+}
+
+// TestViewChangeEndsOnlyWhenEveryMemberHasTheView: a joiner comes in, and
+// the new view's multicast (and every retransmission of it) misses C. The
+// coordinator does not end the round after view_ack_timeout without C's
+// acknowledgement: it sends C the view again (by unicast) and stops the
+// flush only when C has it, so no member sends in the new view while C is
+// still in the old one.
+func TestViewChangeEndsOnlyWhenEveryMemberHasTheView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		a, b, c := ms[0], ms[1], ms[2]
+		d := discard.New(discard.DefaultConfig())
+		d.DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			return ok && h.Kind() == "VIEW" && m.IsMulticast()
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d, "GMS"))
+		old := c.Ch.View().ID
+		var early atomic.Int32
+		b.r.OnMsg = func(*stack.Message) {
+			if b.Ch.View().ID != old && c.Ch.View().ID == old {
+				early.Add(1)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for seq := 0; ctx.Err() == nil; seq++ {
+				if err := b.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(1, seq, 16))); err != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+		e := l.add()
+		l.ConnectAll(e.Member)
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(a.Member, b.Member, c.Member, e.Member) }, "C got the view")
+		time.Sleep(time.Second)
+		cancel()
+		wg.Wait()
+		require.Zero(t, early.Load(), "B delivered its multicasts of the new view while C was still in the old one")
+		require.Positive(t, stacktest.Stat(t, a.GMS, "views_resent"))
 	})
 }
