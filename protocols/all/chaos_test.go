@@ -6,7 +6,11 @@ package all_test
 // the faults on every link, the members' addresses and random choices
 // (stack.WithSeed), the workload and the schedule of partitions and
 // crashes; a failing seed is printed and replays with
-// STRATA_CHAOS_SEEDS=<seed>.
+// STRATA_CHAOS_SEEDS=<seed> (the goroutine schedule is not part of the
+// seed, so a rare failure may need a few runs to show again; with
+// STRATA_CHAOS_LOG=<dir> every member's log and deliveries are written to
+// one file per seed). Each scenario runs seeds 1-100 unless
+// STRATA_CHAOS_SEEDS says otherwise; -short skips them.
 //
 // Invariants checked after every run:
 //   - nothing is delivered twice;
@@ -40,16 +44,26 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
+
+// skipShort skips a scenario under -short: each runs 100 seeds by default
+// (CI runs them all; a few minutes under -race).
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the chaos scenarios run 100 seeds each")
+	}
+}
 
 // chaosSeeds returns the seeds to run: STRATA_CHAOS_SEEDS ("7", "1-100")
 // or def.
@@ -100,6 +114,7 @@ func chaosPayload(sender, kind, to, seq int, size int) []byte {
 type sentMsg struct {
 	sender, kind, to, seq int
 	view                  stack.ViewID // the sender's view when it sent
+	ups                   uint64       // GROUPFC: the members (bit i: member i) the sender had seen UP
 }
 
 type parsed struct {
@@ -127,6 +142,13 @@ type recorder struct {
 	views []*stack.View
 	name  string
 	log   io.Writer // deliveries and views, with every member's log (STRATA_CHAOS_LOG)
+
+	// GROUPFC (scenario C): member events, per source in delivery order
+	// with its messages; the members UP now; a delay per delivery.
+	events bool
+	bySrc  map[stack.Address][]string
+	up     map[stack.Address]bool
+	slow   atomic.Int64 // nanoseconds each delivery takes (a slow receiver)
 }
 
 // msgKey names one sent message.
@@ -140,8 +162,32 @@ func newRecorder() *recorder {
 }
 
 func (r *recorder) Receive(m *stack.Message) {
+	if d := r.slow.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.events {
+		if ev, ok := groupfc.EventOf(m); ok {
+			s := "DOWN"
+			switch {
+			case ev.Up:
+				s = "UP"
+				r.up[ev.Member] = true
+			case ev.Graceful:
+				s = "DOWN(left)"
+				delete(r.up, ev.Member)
+			default:
+				delete(r.up, ev.Member)
+			}
+			r.bySrc[ev.Member] = append(r.bySrc[ev.Member], s)
+			if r.log != nil {
+				fmt.Fprintf(r.log, "time=%s member=%s app: %s %s\n", time.Now().Format("15:04:05.000"), r.name, s, ev.Member)
+			}
+			return
+		}
+		r.bySrc[m.Src] = append(r.bySrc[m.Src], "msg")
+	}
 	p := parseChaos(m.Payload)
 	if !p.ok {
 		r.bad = append(r.bad, fmt.Sprintf("damaged or foreign payload of %d bytes from %s", len(m.Payload), m.Src))
@@ -194,7 +240,13 @@ type chaosRun struct {
 	seqs  map[streamKey]int
 	stops []chan struct{} // per member: closed to stop its traffic
 	quiet []bool          // per member: its traffic was stopped
-	log   io.Writer       // every member's log (STRATA_CHAOS_LOG=dir), or nil
+	// groupfc: scenario C (member events, no OOB, messages within
+	// GROUPFC's limit, its delivery rule instead of the views'); prepare
+	// runs on each member before it connects.
+	groupfc bool
+	prepare func(ch *stack.Channel)
+	leaver  int // scenario C: the member that left gracefully
+	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
 }
 
 func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
@@ -219,12 +271,18 @@ func (r *chaosRun) add() int {
 	require.NoError(r.t, err)
 	rec := newRecorder()
 	rec.name, rec.log = stacktest.Names[i], r.log
+	if r.groupfc {
+		rec.events, rec.bySrc, rec.up = true, map[stack.Address][]string{}, map[stack.Address]bool{}
+	}
 	opts := []stack.Option{stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8 | uint64(i))}
 	if r.log != nil {
 		opts = append(opts, stack.WithLogger(slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("member", stacktest.Names[i])))
 	}
 	ch, err := stack.NewChannelFromConfig(sc, opts...)
 	require.NoError(r.t, err)
+	if r.prepare != nil {
+		r.prepare(ch)
+	}
 	r.mu.Lock()
 	r.chs, r.recs, r.dead = append(r.chs, ch), append(r.recs, rec), append(r.dead, false)
 	r.stops = append(r.stops, make(chan struct{}))
@@ -249,21 +307,33 @@ func (r *chaosRun) alive() []int {
 // unicast), records it, and fails the run if the send does not complete
 // within a minute.
 func (r *chaosRun) send(i, kind, to, size int) {
-	ch := r.chs[i]
+	r.mu.Lock() // members are added while others send
+	ch, dest := r.chs[i], stack.Address{}
+	if kind == kindUcast {
+		dest = r.chs[to].Address()
+	}
+	r.mu.Unlock()
 	v := ch.View()
 	if v == nil {
 		return
 	}
 	k := streamKey{i, kind, to}
+	var ups uint64
+	if r.groupfc {
+		rec := r.recs[i]
+		rec.mu.Lock()
+		for j, c := range r.chs {
+			if rec.up[c.Address()] {
+				ups |= 1 << j
+			}
+		}
+		rec.mu.Unlock()
+	}
 	r.mu.Lock()
 	seq := r.seqs[k]
 	r.seqs[k]++
-	r.sent = append(r.sent, sentMsg{sender: i, kind: kind, to: to, seq: seq, view: v.ID})
+	r.sent = append(r.sent, sentMsg{sender: i, kind: kind, to: to, seq: seq, view: v.ID, ups: ups})
 	r.mu.Unlock()
-	dest := stack.Address{}
-	if kind == kindUcast {
-		dest = r.chs[to].Address()
-	}
 	m := stack.NewMessage(dest, chaosPayload(i, kind, to, seq, size))
 	if kind == kindOOB {
 		m.Set(stack.OOB)
@@ -290,6 +360,10 @@ func (r *chaosRun) traffic(i int, wg *sync.WaitGroup) {
 			}
 			kind, size := kindMcast, 100+rng.IntN(900)
 			switch {
+			case r.groupfc:
+				if rng.IntN(12) == 0 {
+					size = 20_000 + rng.IntN(40_000) // within GROUPFC's limit
+				}
 			case rng.IntN(8) == 0:
 				kind = kindOOB
 			case rng.IntN(12) == 0:
@@ -434,6 +508,10 @@ func (r *chaosRun) check() {
 		}
 	}
 	// Delivery required.
+	if r.groupfc {
+		r.checkGroup()
+		return
+	}
 	for _, m := range r.sent {
 		if r.dead[m.sender] {
 			continue
@@ -601,16 +679,8 @@ func (r *chaosRun) close() {
 // 20% loss, 10% duplication and reordering on every link, multicasts (some
 // fragmented, some OOB) and unicasts all along, a partition into two and
 // three members that heals into one merge view, then a crash.
-//
-// It runs only when STRATA_CHAOS_SEEDS names seeds (1-100 passes on a quiet
-// machine): under the load of a full CI run, about one seed in a hundred
-// still ends with a member that never delivers a sender's later
-// multicasts (see the chaos-suite issue), and CI must not turn red on it
-// while that is open.
 func TestChaosPartitionMergeCrash(t *testing.T) {
-	if os.Getenv("STRATA_CHAOS_SEEDS") == "" {
-		t.Skip("a rare stall is open; set STRATA_CHAOS_SEEDS=1-100 to run")
-	}
+	skipShort(t)
 	for _, seed := range chaosSeeds(t, "1-100") {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { scenarioA(t, "udp.toml", seed, false) })
@@ -619,14 +689,9 @@ func TestChaosPartitionMergeCrash(t *testing.T) {
 }
 
 // TestChaosChurn is scenario A followed by a joiner that joins under loss
-// and a graceful leave (of the coordinator half of the time). It does not
-// pass every seed yet (a leaving coordinator's last view can be lost, and
-// a member can then run out of memory), so it runs only with
-// STRATA_CHAOS_CHURN=1; see the chaos-suite issue.
+// and a graceful leave (of the coordinator half of the time).
 func TestChaosChurn(t *testing.T) {
-	if os.Getenv("STRATA_CHAOS_CHURN") == "" {
-		t.Skip("known failures; set STRATA_CHAOS_CHURN=1 to run")
-	}
+	skipShort(t)
 	for _, seed := range chaosSeeds(t, "1-100") {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { scenarioA(t, "udp.toml", seed, true) })
@@ -638,6 +703,14 @@ func TestChaosChurn(t *testing.T) {
 // until they share one view.
 func startChaos(t *testing.T, file string, seed uint64, n int) *chaosRun {
 	r := newChaosRun(t, file, seed)
+	r.start(n)
+	return r
+}
+
+// start adds n members that connect all at once and waits until they
+// share one view.
+func (r *chaosRun) start(n int) {
+	t := r.t
 	for range n {
 		r.add()
 	}
@@ -652,7 +725,6 @@ func startChaos(t *testing.T, file string, seed uint64, n int) *chaosRun {
 		}
 	}
 	r.require(waitUntil(time.Minute, func() bool { return r.sameView(r.alive()) }), "no common view of %d after a minute", n)
-	return r
 }
 
 // faultsAndTraffic puts drop loss, 10% duplication and 10% reordering on
@@ -731,12 +803,9 @@ func (r *chaosRun) churn(wg *sync.WaitGroup) {
 // Besides the suite's invariants it checks virtual synchrony: every member
 // delivers a multicast in the view its sender's own copy was delivered
 // in, and members that move from one view to the same next view have
-// delivered the same multicasts in it. It does not pass every seed yet,
-// so it runs only with STRATA_CHAOS_FLUSH=1; see the chaos-suite issue.
+// delivered the same multicasts in it.
 func TestChaosFlush(t *testing.T) {
-	if os.Getenv("STRATA_CHAOS_FLUSH") == "" {
-		t.Skip("known failures; set STRATA_CHAOS_FLUSH=1 to run")
-	}
+	skipShort(t)
 	for _, seed := range chaosSeeds(t, "1-100") {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { scenarioB(t, seed) })

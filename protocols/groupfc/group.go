@@ -71,6 +71,7 @@ type member struct {
 	delivering bool    // a goroutine is delivering ready
 	leave      bool    // LEAVE received (graceful)
 	downQueued bool
+	upPassed   bool // its UP event went to the application: a DOWN may follow
 	deleted    bool
 
 	// Sending side.
@@ -490,7 +491,14 @@ func (g *group) filter(m *member) {
 		case typeBcast:
 			m.bcRcvNxt++
 		case 0:
-			if !g.events {
+			switch {
+			case !g.events:
+				deliver = false
+			case it.ev.Up:
+				m.upPassed = true
+			case !m.upPassed:
+				// Never UP here (its JOIN never came before it went):
+				// no DOWN either, the application never knew it.
 				deliver = false
 			}
 		}

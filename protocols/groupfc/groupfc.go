@@ -135,10 +135,14 @@ type GroupFC struct {
 	g      *group
 	view   *stack.View
 	downs  map[stack.Address]bool // suspected: their node is down
-	wakeCh chan struct{}
-	rr     map[uint64]int // anycast round-robin position per instance
+	// leaveWait: the members whose LEAVE_ACK this leaving member awaits;
+	// leaveDone is closed when none is left.
+	leaveWait map[stack.Address]bool
+	leaveDone chan struct{}
+	wakeCh    chan struct{}
+	rr        map[uint64]int // anycast round-robin position per instance
 
-	blockedSends, blockedNanos, wouldBlock, unreachable, dropped, delivered_ atomic.Int64
+	blockedSends, blockedNanos, wouldBlock, unreachable, dropped, delivered_, leaveUnacked atomic.Int64
 }
 
 var _ stack.Protocol = (*GroupFC)(nil)
@@ -476,10 +480,23 @@ func (p *GroupFC) Up(m *stack.Message) {
 		return // own messages are delivered at the source (loopback)
 	}
 	p.mu.Lock()
+	if h.Type == typeLeaveAck {
+		if p.leaveWait[m.Src] {
+			delete(p.leaveWait, m.Src)
+			if len(p.leaveWait) == 0 {
+				close(p.leaveDone)
+			}
+		}
+		p.mu.Unlock()
+		return
+	}
 	if p.g == nil {
 		p.mu.Unlock()
 		p.dropped.Add(1)
 		return
+	}
+	if h.Type == typeLeave {
+		p.g.out = append(p.g.out, protoMsg{to: m.Src, h: &Header{Type: typeLeaveAck}})
 	}
 	if isData(h.Type) {
 		if !p.g.data(m.Src, h, m) {
@@ -501,6 +518,23 @@ func (p *GroupFC) afterLocked() {
 	p.sendOut(out)
 	for _, m := range ready {
 		p.drain(m)
+	}
+}
+
+// afterLockedAsync is afterLocked for control paths: what became ready is
+// delivered on a goroutine of this layer, not the caller's.
+func (p *GroupFC) afterLockedAsync() {
+	ready := p.g.nready
+	p.g.nready = nil
+	out := p.takeOut()
+	p.mu.Unlock()
+	p.sendOut(out)
+	if len(ready) > 0 {
+		p.Go(func(<-chan struct{}) {
+			for _, m := range ready {
+				p.drain(m)
+			}
+		})
 	}
 }
 
@@ -565,11 +599,54 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	case stack.EvDisconnect:
 		p.mu.Lock()
 		if p.g != nil {
+			self := p.LocalAddress()
+			p.leaveWait, p.leaveDone = map[stack.Address]bool{}, make(chan struct{})
+			for a, m := range p.g.members {
+				if a != self && !m.deleted {
+					p.leaveWait[a] = true
+				}
+			}
+			if len(p.leaveWait) == 0 {
+				close(p.leaveDone)
+			}
+			done := p.leaveDone
 			p.g.leaveAll()
 			out := p.takeOut()
 			p.g = nil
 			p.mu.Unlock()
 			p.sendOut(out)
+			// Stopped at once, the stack could no longer resend a LEAVE
+			// that was lost: the members would not learn the sync point
+			// (and that this member left rather than crashed).
+			// Reliable unicast resends a lost LEAVE only when it notices;
+			// this member sends it again itself, every leave_timeout/8,
+			// to the members that have not confirmed it.
+			t := time.NewTimer(p.cfg.LeaveTimeout)
+			tick := time.NewTicker(p.cfg.LeaveTimeout / 8)
+		wait:
+			for {
+				select {
+				case <-done:
+					break wait
+				case <-t.C:
+					p.leaveUnacked.Add(1)
+					break wait
+				case <-ctx.Done():
+					break wait
+				case <-tick.C:
+					var again []protoMsg
+					p.mu.Lock()
+					for _, o := range out {
+						if o.h.Type == typeLeave && p.leaveWait[o.to] {
+							again = append(again, o)
+						}
+					}
+					p.mu.Unlock()
+					p.sendOut(again)
+				}
+			}
+			t.Stop()
+			tick.Stop()
 		} else {
 			p.mu.Unlock()
 		}
@@ -584,6 +661,7 @@ func (p *GroupFC) Start() error {
 	defer p.mu.Unlock()
 	self := p.LocalAddress()
 	p.g = newGroup(self, p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents, p.cfg.MaxActive)
+	p.leaveWait, p.leaveDone = nil, nil
 	p.g.mandatory = true
 	if p.cfg.Loopback {
 		me := p.g.create(self, Joined)
@@ -617,7 +695,10 @@ func (p *GroupFC) viewChange(v *stack.View) {
 			}
 		}
 	}
-	p.afterLocked()
+	// Not delivered here: this runs on GMS's view installation, which must
+	// never wait for the application (a slow Receive held every later view
+	// behind it).
+	p.afterLockedAsync()
 	for _, m := range gone {
 		// A leaver delivers what it sent below its LEAVE's sync point; a
 		// LEAVE or message that never comes is given up after
@@ -722,5 +803,6 @@ func (p *GroupFC) Stats() []stack.Stat {
 		{Name: "would_block", Value: p.wouldBlock.Load()},
 		{Name: "unreachable", Value: p.unreachable.Load()},
 		{Name: "dropped", Value: p.dropped.Load()},
+		{Name: "leaves_unacknowledged", Value: p.leaveUnacked.Load()},
 	}
 }

@@ -18,10 +18,14 @@ const (
 	typeAck     uint8 = 7 // N: next broadcast seqno expected from the receiver of the ACK
 	typeReclaim uint8 = 8
 	typeRemit   uint8 = 9 // N: the remitter's window toward the reclaimer
-	maxType           = typeRemit
+	// typeLeaveAck confirms a LEAVE: the leaver waits for it (up to
+	// leave_timeout) before its stack stops, so its LEAVE, and the sync
+	// point in it, reach every member.
+	typeLeaveAck uint8 = 10
+	maxType            = typeLeaveAck
 )
 
-var typeNames = [...]string{"?", "BCAST", "MCAST", "UCAST", "JOIN", "LEAVE", "ADV", "ACK", "RECLAIM", "REMIT"}
+var typeNames = [...]string{"?", "BCAST", "MCAST", "UCAST", "JOIN", "LEAVE", "ADV", "ACK", "RECLAIM", "REMIT", "LEAVE_ACK"}
 
 // maxWindow bounds an advertised or remitted window on the wire (blocks).
 const maxWindow = 1 << 24
@@ -82,6 +86,6 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeBcast, Seqno: 7, AckReq: true}, &Header{Type: typeMcast, Seqno: 8, Instance: 3},
 		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65},
 		&Header{Type: typeLeave, Seqno: 12}, &Header{Type: typeAdv, N: 780}, &Header{Type: typeAck, N: 13},
-		&Header{Type: typeReclaim}, &Header{Type: typeRemit, N: 65},
+		&Header{Type: typeReclaim}, &Header{Type: typeRemit, N: 65}, &Header{Type: typeLeaveAck},
 	}
 }
