@@ -245,7 +245,7 @@ type chaosRun struct {
 	// runs on each member before it connects.
 	groupfc bool
 	prepare func(ch *stack.Channel)
-	leaver  int // scenario C: the member that left gracefully
+	leaver  int       // scenario C: the member that left gracefully
 	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
 }
 
