@@ -681,3 +681,21 @@ func TestPendingRevertsToJoinedWhenNobodyCanBeReclaimed(t *testing.T) {
 	require.Equal(t, Joined, c.state, "C could not go active and nobody is left to reclaim from")
 	require.Empty(t, r.pending)
 }
+
+// A member that is in the view but whose JOIN never came (it crashed, or
+// left, right after joining) was never UP at this member: its DOWN is not
+// given to the application either (the chaos suite saw a lone DOWN).
+func TestNoDownForAMemberThatWasNeverUp(t *testing.T) {
+	h := newHarness(t, 0, "A", "B", "C")
+	joinAll(h, "A", "B")
+	a := h.n("A").g
+	a.published(h.a("C")) // C is in A's view; its JOIN never comes
+	h.after("A")
+	a.withdrawn(h.a("C"), true) // and it crashes
+	h.after("A")
+	h.settle()
+	for _, s := range h.n("A").got {
+		require.NotContains(t, s, "(C", "A was told about C: %v", h.n("A").got)
+	}
+	require.Nil(t, h.m("A", "C"), "C is forgotten")
+}

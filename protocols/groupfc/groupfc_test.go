@@ -427,3 +427,93 @@ func TestBlockedAnycastFindsAnotherMember(t *testing.T) {
 		require.Equal(t, addrs[2], r.to, "the anycast went to the member still there")
 	})
 }
+
+// TestLostLeaveStillArrivesBeforeTheLeaverStops: C leaves and its LEAVE to
+// A is lost. C's stack does not stop at once: it waits for A's LEAVE_ACK,
+// sending LEAVE again, so A learns that C left (DOWN graceful, after C's
+// broadcasts) rather than giving up on it after leave_timeout and calling
+// it lost.
+func TestLostLeaveStillArrivesBeforeTheLeaverStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
+			cfg := groupfc.DefaultConfig()
+			cfg.MemberEvents = true
+			return cfg
+		})
+		synctest.Wait()
+		addrs := c.Addresses()
+		var lost atomic.Bool
+		c.Net.SetLink(addrs[2], addrs[0], sim.Rule{DropIf: func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGROUPFC).(*groupfc.Header)
+			return ok && h.Kind() == "LEAVE" && lost.CompareAndSwap(false, true)
+		}})
+		require.NoError(t, gs[2].Broadcast(t.Context(), []byte("last")))
+		require.NoError(t, c.Channels[2].Disconnect(t.Context()))
+		require.True(t, lost.Load(), "the first LEAVE to A was lost")
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0], c.Channels[1])
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, ev := range events(c.Recv[0]) {
+				if !ev.Up && ev.Member == addrs[2] {
+					return true
+				}
+			}
+			return false
+		}, "C is DOWN at A")
+		for _, ev := range events(c.Recv[0]) {
+			if !ev.Up && ev.Member == addrs[2] {
+				require.True(t, ev.Graceful, "C left; it was not lost")
+			}
+		}
+		require.Contains(t, payloads(c.Recv[0]), "last")
+	})
+}
+
+// downBlocker is a receiver whose Receive blocks on a DOWN event until
+// release is closed.
+type downBlocker struct {
+	*stacktest.Collector
+	release chan struct{}
+}
+
+func (d downBlocker) Receive(m *stack.Message) {
+	if ev, ok := groupfc.EventOf(m); ok && !ev.Up {
+		<-d.release
+	}
+	d.Collector.Receive(m)
+}
+
+// TestViewChangeDoesNotWaitForTheApplication: a view drops a crashed
+// member, and the application's Receive blocks on that member's DOWN. The
+// view's installation (GMS's path, which every later view waits for) must
+// not run the application's callback: it returns at once, and DOWN is
+// delivered on GROUPFC's own goroutine.
+func TestViewChangeDoesNotWaitForTheApplication(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
+			cfg := groupfc.DefaultConfig()
+			cfg.MemberEvents = true
+			return cfg
+		})
+		synctest.Wait()
+		addrs := c.Addresses()
+		release := make(chan struct{})
+		c.Channels[0].SetReceiver(downBlocker{Collector: c.Recv[0], release: release})
+		_, err := gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{addrs[2]}))
+		require.NoError(t, err)
+		installed := make(chan struct{})
+		go func() {
+			stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0])
+			close(installed)
+		}()
+		synctest.Wait()
+		select {
+		case <-installed:
+		default:
+			t.Error("the view's installation waits for the application's Receive")
+		}
+		close(release)
+		synctest.Wait()
+		<-installed
+		require.Contains(t, events(c.Recv[0]), groupfc.Event{Member: addrs[2], Instance: 0, Up: false})
+	})
+}
