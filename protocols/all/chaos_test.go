@@ -59,10 +59,13 @@ import (
 
 // skipShort skips a scenario under -short: each runs 100 seeds by default
 // (CI runs them all; a few minutes under -race).
+// The scenarios run in parallel with each other: a seed's run in virtual
+// time keeps about one core busy.
 func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the chaos scenarios run 100 seeds each")
 	}
+	t.Parallel()
 }
 
 // chaosSeeds returns the seeds to run: STRATA_CHAOS_SEEDS ("7", "1-100")
@@ -256,7 +259,7 @@ func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
 	r.vars = map[string]string{"STRATA_SIM_NETWORK": r.net.Name()}
 	if dir := os.Getenv("STRATA_CHAOS_LOG"); dir != "" {
 		// Every member's log, in one file per seed, for a failure's story.
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.log", strings.TrimSuffix(file, ".toml"), seed)))
+		f, err := os.Create(filepath.Join(dir, strings.NewReplacer("/", "-", "=", "-").Replace(t.Name())+".log"))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = f.Close() })
 		r.log = &lockedWriter{w: f}

@@ -511,25 +511,26 @@ func (p *GroupFC) Up(m *stack.Message) {
 // afterLocked sends the outbox and delivers what became ready; callers hold
 // p.mu, which it releases.
 func (p *GroupFC) afterLocked() {
+	for _, m := range p.unlockAndSend() {
+		p.drain(m)
+	}
+}
+
+// unlockAndSend takes the members with something ready and the outbox,
+// releases p.mu (callers hold it), sends the outbox and returns the members.
+func (p *GroupFC) unlockAndSend() []*member {
 	ready := p.g.nready
 	p.g.nready = nil
 	out := p.takeOut()
 	p.mu.Unlock()
 	p.sendOut(out)
-	for _, m := range ready {
-		p.drain(m)
-	}
+	return ready
 }
 
 // afterLockedAsync is afterLocked for control paths: what became ready is
 // delivered on a goroutine of this layer, not the caller's.
 func (p *GroupFC) afterLockedAsync() {
-	ready := p.g.nready
-	p.g.nready = nil
-	out := p.takeOut()
-	p.mu.Unlock()
-	p.sendOut(out)
-	if len(ready) > 0 {
+	if ready := p.unlockAndSend(); len(ready) > 0 {
 		p.Go(func(<-chan struct{}) {
 			for _, m := range ready {
 				p.drain(m)

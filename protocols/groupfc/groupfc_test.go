@@ -36,6 +36,13 @@ func cluster(t *testing.T, n int, seed uint64, cfg func(i int) groupfc.Config) (
 	return c, gs
 }
 
+// withEvents is the default config with member events on.
+func withEvents(int) groupfc.Config {
+	cfg := groupfc.DefaultConfig()
+	cfg.MemberEvents = true
+	return cfg
+}
+
 // events returns the membership events c was given.
 func events(c *stacktest.Collector) []groupfc.Event {
 	var out []groupfc.Event
@@ -257,11 +264,7 @@ func TestBlockedSendToADepartedMember(t *testing.T) {
 // broadcast, DOWN after its last, graceful when it disconnects.
 func TestMemberEventsComeInOrderWithMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
-			cfg := groupfc.DefaultConfig()
-			cfg.MemberEvents = true
-			return cfg
-		})
+		c, gs := cluster(t, 3, 1, withEvents)
 		synctest.Wait()
 		for s := range 5 {
 			require.NoError(t, gs[2].Broadcast(t.Context(), []byte(fmt.Sprint("m", s))))
@@ -435,11 +438,7 @@ func TestBlockedAnycastFindsAnotherMember(t *testing.T) {
 // it lost.
 func TestLostLeaveStillArrivesBeforeTheLeaverStops(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
-			cfg := groupfc.DefaultConfig()
-			cfg.MemberEvents = true
-			return cfg
-		})
+		c, gs := cluster(t, 3, 1, withEvents)
 		synctest.Wait()
 		addrs := c.Addresses()
 		var lost atomic.Bool
@@ -489,11 +488,7 @@ func (d downBlocker) Receive(m *stack.Message) {
 // delivered on GROUPFC's own goroutine.
 func TestViewChangeDoesNotWaitForTheApplication(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, gs := cluster(t, 3, 1, func(int) groupfc.Config {
-			cfg := groupfc.DefaultConfig()
-			cfg.MemberEvents = true
-			return cfg
-		})
+		c, gs := cluster(t, 3, 1, withEvents)
 		synctest.Wait()
 		addrs := c.Addresses()
 		release := make(chan struct{})
