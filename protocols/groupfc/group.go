@@ -72,7 +72,13 @@ type member struct {
 	leave      bool    // LEAVE received (graceful)
 	downQueued bool
 	upPassed   bool // its UP event went to the application: a DOWN may follow
-	deleted    bool
+	// early: data that came before the member was UP here. Its JOIN
+	// (unicast) and its broadcasts (multicast) travel on different
+	// reliable channels, so a broadcast can overtake the JOIN, or the
+	// view; it is taken in when the member is UP (below the JOIN's sync
+	// point it is dropped then, as always).
+	early   []earlyData
+	deleted bool
 
 	// Sending side.
 	window     int // blocks we may still send to it
@@ -94,6 +100,15 @@ func (m *member) isReceiver() bool { return m.state != Joining && m.state != Lea
 
 // isSender: we accept its data (LEAVING counts).
 func (m *member) isSender() bool { return m.state != Joining && m.state != Published }
+
+// earlyData is a data message held until its sender is UP.
+type earlyData struct {
+	h   *Header
+	msg *stack.Message
+}
+
+// maxEarly bounds the data held from one member before it is UP.
+const maxEarly = 4096
 
 // protoMsg is a group protocol message to send once the lock is released.
 type protoMsg struct {
@@ -282,6 +297,16 @@ func (g *group) published(a stack.Address) {
 		g.open(m)
 		g.send(m, typeJoin)
 		g.queueEvent(m, true, false, m.bcSyncpt)
+		g.admitEarly(m)
+	}
+}
+
+// admitEarly takes in the data m sent before it was UP here.
+func (g *group) admitEarly(m *member) {
+	early := m.early
+	m.early = nil
+	for _, e := range early {
+		g.data(m.addr, e.h, e.msg)
 	}
 }
 
@@ -369,6 +394,7 @@ func (g *group) handleProto(src stack.Address, h *Header) {
 		g.open(m)
 		g.send(m, typeAdv)
 		g.queueEvent(m, true, false, m.bcSyncpt)
+		g.admitEarly(m)
 	case typeLeave:
 		if m == nil || m.deleted || m.leave {
 			return
@@ -443,6 +469,13 @@ func (g *group) activateOldestPending() {
 // data takes a data message from src into its deferred queue.
 func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
 	m := g.members[src]
+	if m != nil && !m.deleted && (m.state == Joining || m.state == Published) {
+		if len(m.early) >= maxEarly {
+			return false
+		}
+		m.early = append(m.early, earlyData{h, msg})
+		return true
+	}
 	if m == nil || m.deleted || !m.isSender() {
 		return false
 	}

@@ -699,3 +699,21 @@ func TestNoDownForAMemberThatWasNeverUp(t *testing.T) {
 	}
 	require.Nil(t, h.m("A", "C"), "C is forgotten")
 }
+
+// A member's JOIN travels by reliable unicast and its broadcasts by
+// reliable multicast, so a broadcast can come before the JOIN. It is held
+// and delivered after the member's UP, not dropped (the chaos suite saw a
+// late joiner's broadcast lost at one member).
+func TestBroadcastAheadOfTheJoinIsDeliveredAfterUp(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	h.publish("A", "B") // the JOINs are on their way
+	b := h.n("B").g
+	// B's first broadcast after its JOIN to A (at the JOIN's sync point),
+	// by multicast, comes to A before the JOIN.
+	hd := &Header{Type: typeBcast, Seqno: b.bcSndNxt}
+	a := h.n("A").g
+	a.data(h.a("B"), hd, stack.NewMessage(h.a("A"), make([]byte, 10)).PutHeader(stack.IDGROUPFC, hd))
+	h.after("A")
+	h.settle()
+	require.Equal(t, []string{"UP(B)", fmt.Sprintf("B:bcast%d", hd.Seqno)}, h.n("A").got)
+}
