@@ -8,8 +8,9 @@
 // one new view, installs it, multicasts it, answers each joiner with the
 // view and the reliable-multicast digest, and waits until every member has
 // acknowledged it (sending it again every view_ack_timeout to the members
-// that have not, until they do, are suspected, or max_view_ack_wait ends). If the coordinator leaves or is
-// suspected, the next member of the view takes over. MERGE3 below reports
+// that have not, until they do, are suspected, or max_view_ack_wait ends).
+// If the coordinator leaves or is suspected, the next member of the view
+// takes over. MERGE3 below reports
 // other subgroups after a partition; the merge leader gathers their views
 // and digests and installs one merge view on every member.
 package gms
