@@ -59,6 +59,10 @@ type FlushRequest struct {
 	// ViewChange marks GMS's flush before a view change; such a round takes
 	// precedence over an application's flush.
 	ViewChange bool
+	// Merge (start, with ViewChange): the participants come from several
+	// views (a merge); every one of them is awaited, not only those in
+	// the initiator's view.
+	Merge bool
 	// AwaitState (stop): joiners that fetch the state inside this round
 	// (Channel.ConnectWithState); the group stays blocked until they have.
 	AwaitState []Address
@@ -67,6 +71,13 @@ type FlushRequest struct {
 	// delivers nothing more of what the round held, all of it sent in a
 	// view it is not in.
 	View *View
+}
+
+// FlushResult is what a view-change EvStartFlush returns. Without lists the
+// participants the round went on without (they did not answer in time): they
+// took no part in the cut, so the view that follows must not contain them.
+type FlushResult struct {
+	Without []Address
 }
 
 // ConnectRequest is EvConnect's argument from Channel.ConnectWithState: join

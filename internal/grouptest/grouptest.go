@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -130,7 +131,11 @@ func (l *Lab) Add() *Member {
 	if l.Receiver != nil {
 		recv = l.Receiver(i, m.Col)
 	}
-	logger := slog.New(slog.NewTextHandler(m.Log, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level := slog.LevelInfo
+	if os.Getenv("STRATA_DEBUG") != "" {
+		level = slog.LevelDebug // a failing test's log tells the whole story
+	}
+	logger := slog.New(slog.NewTextHandler(m.Log, &slog.HandlerOptions{Level: level}))
 	ch, err := stack.NewChannel(protos, stack.WithName(stacktest.Names[i]), stack.WithReceiver(recv), stack.WithLogger(logger))
 	require.NoError(l.T, err)
 	l.T.Cleanup(func() {

@@ -259,6 +259,7 @@ func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
 	r.vars = map[string]string{"STRATA_SIM_NETWORK": r.net.Name()}
 	if dir := os.Getenv("STRATA_CHAOS_LOG"); dir != "" {
 		// Every member's log, in one file per seed, for a failure's story.
+		require.NoError(t, os.MkdirAll(dir, 0o755))
 		f, err := os.Create(filepath.Join(dir, strings.NewReplacer("/", "-", "=", "-").Replace(t.Name())+".log"))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = f.Close() })

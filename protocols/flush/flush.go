@@ -94,6 +94,7 @@ type partRound struct {
 type initRound struct {
 	id       RoundID
 	vc       bool
+	merge    bool         // participants from several views: all are awaited
 	view     stack.ViewID // the view the round installed (GMS's stop), if known
 	parts    []stack.Address
 	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
@@ -141,7 +142,7 @@ type FLUSH struct {
 	// a leaving coordinator); what the round held is never released.
 	left bool
 
-	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos, viewWaits atomic.Int64
+	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos, viewWaits, wentWithout atomic.Int64
 }
 
 var _ stack.Protocol = (*FLUSH)(nil)
@@ -504,18 +505,26 @@ func (f *FLUSH) digest(r *partRound) nakack.Digest {
 // returns when they are all blocked and have delivered the same messages.
 // It retries a refused or timed-out round up to max_attempts times.
 func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
+	_, err := f.startFlush(ctx, req)
+	return err
+}
+
+// startFlush is StartFlush that also says which participants a view-change
+// round went on without.
+func (f *FLUSH) startFlush(ctx context.Context, req stack.FlushRequest) (stack.FlushResult, error) {
+	var res stack.FlushResult
 	select {
 	case f.owner <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return res, ctx.Err()
 	case <-f.Done():
-		return stack.ErrClosed
+		return res, stack.ErrClosed
 	}
 	var err error
 	for attempt := 1; ; attempt++ {
 		if err = f.attempt(ctx, req); err == nil {
 			f.completed.Add(1)
-			return nil
+			return res, nil
 		}
 		if attempt >= f.cfg.MaxAttempts || ctx.Err() != nil {
 			break
@@ -535,6 +544,14 @@ func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
 			req.Participants = slices.DeleteFunc(slices.Clone(req.Participants), func(a stack.Address) bool {
 				return a != f.LocalAddress() && slices.Contains(na.missing, a)
 			})
+			// Those left out are unblocked (the round was aborted) and
+			// take no part in the cut: the view must not contain them.
+			for _, a := range na.missing {
+				if a != f.LocalAddress() && !slices.Contains(res.Without, a) {
+					res.Without = append(res.Without, a)
+				}
+			}
+			f.wentWithout.Add(int64(len(na.missing)))
 			f.Log().Info("flush: going on without the participants that did not answer", "missing", na.missing)
 			continue
 		}
@@ -549,7 +566,7 @@ func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
 	}
 	f.failed.Add(1)
 	<-f.owner
-	return fmt.Errorf("%w: %w", ErrFlushFailed, err)
+	return res, fmt.Errorf("%w: %w", ErrFlushFailed, err)
 }
 
 func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
@@ -563,7 +580,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
 		parts = []stack.Address{self}
 	}
 	f.n++
-	ir := &initRound{id: RoundID{Initiator: self, N: f.n}, vc: req.ViewChange, parts: slices.Clone(parts),
+	ir := &initRound{id: RoundID{Initiator: self, N: f.n}, vc: req.ViewChange, merge: req.Merge, parts: slices.Clone(parts),
 		phase: typeCompleted, answered: map[stack.Address]nakack.Digest{}, wake: make(chan struct{}, 1)}
 	f.run = ir
 	f.mu.Unlock()
@@ -662,7 +679,7 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 		refused := ir.refused
 		var missing []stack.Address
 		for _, p := range ir.parts {
-			if _, ok := ir.answered[p]; !ok && (f.view == nil || f.view.Contains(p) || p == f.LocalAddress()) {
+			if _, ok := ir.answered[p]; !ok && (ir.merge || f.view == nil || f.view.Contains(p) || p == f.LocalAddress()) {
 				missing = append(missing, p)
 			}
 		}
@@ -798,7 +815,9 @@ func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address
 	switch {
 	case !ir.view.Creator.IsZero():
 		stop.View = ir.view // unblock in the view the round installed, not before it
-	case ir.vc && f.view != nil && f.view.Contains(f.LocalAddress()):
+	case ir.vc && !ir.merge && f.view != nil && f.view.Contains(f.LocalAddress()):
+		// (A merge round without its view was cancelled: the other
+		// subgroups' members are in views of their own.)
 		stop.View = f.view.ID
 	}
 	f.mu.Unlock()
@@ -844,7 +863,7 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 		req, _ := ev.Arg.(stack.FlushRequest)
 		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
 		defer cancel()
-		return nil, f.StartFlush(ctx, req)
+		return f.startFlush(ctx, req)
 	case stack.EvStopFlush:
 		req, _ := ev.Arg.(stack.FlushRequest)
 		return nil, f.stopFlush(context.Background(), req)
@@ -959,6 +978,7 @@ func (f *FLUSH) Stats() []stack.Stat {
 		{Name: "stops_deferred_to_view", Value: f.stopsDeferred.Load()},
 		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
 		{Name: "safety_waits_for_view", Value: f.viewWaits.Load()},
+		{Name: "participants_left_out", Value: f.wentWithout.Load()},
 	}
 }
 

@@ -541,3 +541,147 @@ func TestViewChangeEndsOnlyWhenEveryMemberHasTheView(t *testing.T) {
 		require.Positive(t, stacktest.Stat(t, a.GMS, "views_resent"))
 	})
 }
+
+// TestMemberTheFlushWentOnWithoutIsNotInTheNextView: C's answers to the
+// flush before a join are lost, so the coordinator goes on without C, whose
+// block the aborted attempt lifted and which keeps multicasting in the old
+// view. The view that follows must not contain C: in it, the others would
+// deliver C's messages that C delivered in the old one. C comes back
+// through a merge, and every multicast that two members delivered was
+// delivered in the same view by both.
+func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		a, b, c := ms[0], ms[1], ms[2]
+		var drop atomic.Bool
+		drop.Store(true)
+		d := discard.New(discard.DefaultConfig())
+		d.DropDownIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDFLUSH).(*flush.Header)
+			return ok && h.Kind() == "FLUSH_COMPLETED" && drop.Load()
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		for i, m := range []*member{b, c} {
+			wg.Go(func() {
+				for seq := 0; ctx.Err() == nil; seq++ {
+					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		}
+		time.Sleep(time.Second)
+		e := l.add()
+		l.ConnectAll(e.Member)
+		stacktest.WaitFor(t, time.Minute, func() bool { return a.Ch.View().Contains(e.Addr()) }, "E joined")
+		require.False(t, a.Ch.View().Contains(c.Addr()), "the view after the flush without C still has C: %s", a.Ch.View())
+		require.Positive(t, stacktest.Stat(t, a.GMS, "flush_exclusions"))
+		time.Sleep(time.Second)
+		drop.Store(false)
+		stacktest.WaitFor(t, 3*time.Minute, func() bool { return grouptest.SameView(a.Member, b.Member, c.Member, e.Member) }, "C merged back")
+		time.Sleep(time.Second)
+		cancel()
+		wg.Wait()
+
+		rs := []*receiver{a.r, b.r, c.r, e.r}
+		for _, r := range rs {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+		}
+		checked := 0
+		for _, r := range rs {
+			for v, set := range r.inView {
+				for k := range set {
+					for _, other := range rs {
+						if got := where(other, k); got != "never delivered it" {
+							require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
+							checked++
+						}
+					}
+				}
+			}
+		}
+		require.Positive(t, checked)
+	})
+}
+
+// TestMergeIsFlushed: two halves of a partition multicast all along, and
+// the partition heals. The merge is flushed like any view change: no
+// member delivers in the merge view a multicast that another member of its
+// subgroup delivered in the subgroup's view.
+func TestMergeIsFlushed(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		ms := l.start(4)
+		l.Net.SetDefault(sim.Rule{Drop: 0.1})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		for i, m := range ms {
+			wg.Go(func() {
+				for seq := 0; ctx.Err() == nil; seq++ {
+					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+		addrs := func(ms ...*member) []stack.Address {
+			var out []stack.Address
+			for _, m := range ms {
+				out = append(out, m.Addr())
+			}
+			return out
+		}
+		l.Net.Partition(addrs(ms[0], ms[1]), addrs(ms[2], ms[3]))
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return grouptest.SameView(ms[0].Member, ms[1].Member) && grouptest.SameView(ms[2].Member, ms[3].Member) && ms[0].Ch.View().Size() == 2
+		}, "two views of 2")
+		time.Sleep(time.Second)
+		before := stacktest.Stat(t, ms[0].f, "rounds_started") + stacktest.Stat(t, ms[2].f, "rounds_started")
+		l.Net.Heal()
+		stacktest.WaitFor(t, 2*time.Minute, func() bool {
+			return grouptest.SameView(ms[0].Member, ms[1].Member, ms[2].Member, ms[3].Member) && ms[0].Ch.View().IsMerge()
+		}, "one merge view")
+		l.Net.SetDefault(sim.Rule{})
+		require.Greater(t, stacktest.Stat(t, ms[0].f, "rounds_started")+stacktest.Stat(t, ms[2].f, "rounds_started"), before, "the merge ran a flush")
+		mv := ms[0].Ch.View().ID
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, m := range ms {
+				m.r.mu.Lock()
+				n := len(m.r.inView[mv])
+				m.r.mu.Unlock()
+				if n < 8 {
+					return false
+				}
+			}
+			return true
+		}, "every member delivered multicasts in the merge view")
+		cancel()
+		wg.Wait()
+
+		var rs []*receiver
+		for _, m := range ms {
+			m.r.mu.Lock()
+			defer m.r.mu.Unlock()
+			rs = append(rs, m.r)
+		}
+		for _, r := range rs {
+			for v, set := range r.inView {
+				for k := range set {
+					for _, other := range rs {
+						if got := where(other, k); got != "never delivered it" {
+							require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
+						}
+					}
+				}
+			}
+		}
+	})
+}

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -155,7 +156,7 @@ type GMS struct {
 	wake          chan struct{}
 
 	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
-	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures, viewsResent atomic.Int64
+	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures, flushExclusions, viewsResent atomic.Int64
 }
 
 var (
@@ -479,9 +480,22 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 			parts = append(parts, m)
 		}
 	}
-	if _, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true})); err != nil {
+	res, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true}))
+	if err != nil {
 		g.flushFailures.Add(1)
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
+	}
+	if fr, ok := res.(stack.FlushResult); ok && len(fr.Without) > 0 {
+		// The flush went on without members that did not answer: they were
+		// unblocked, may have sent since, and are not in the cut the others
+		// agreed on. Keeping them would let the others deliver those
+		// messages in the new view; they are excluded, and merge back.
+		members := slices.DeleteFunc(slices.Clone(nv.Members), func(a stack.Address) bool { return slices.Contains(fr.Without, a) })
+		if len(members) != len(nv.Members) {
+			g.Log().Warn("excluding members the flush went on without", "view", nv, "excluded", fr.Without)
+			g.flushExclusions.Add(int64(len(nv.Members) - len(members)))
+			nv = stack.NewView(nv.ID.Creator, nv.ID.Seq, members...)
+		}
 	}
 	defer func() {
 		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, View: nv}))
@@ -656,6 +670,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 			delete(ms.asked, src)
 		}
 		g.mu.Unlock()
+		g.Log().Debug("gms: merge response", "from", src, "merge", h.MergeID, "taken", ok)
 		if !ok {
 			g.msgsIgnored.Add(1)
 			return
@@ -690,7 +705,11 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d nakack.Digest) {
 	// A view comes from a member of the current view or of the view itself
 	// (a merge leader); one that excludes this member only from a member of
 	// the current view. Anything else is forged or stray.
-	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) {
+	// A merge view that names this member's view as one of its subgroups
+	// but leaves this member out (the merge's flush went on without it)
+	// comes from a leader outside that view, and is this member's exclusion.
+	named := v.IsMerge() && slices.ContainsFunc(v.Subgroups, func(s *stack.View) bool { return s.ID == cur.ID })
+	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) && !(named && !v.Contains(self)) {
 		g.msgsIgnored.Add(1)
 		return
 	}
@@ -1103,39 +1122,11 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	if len(others) == 0 {
 		return
 	}
-	g.mu.Lock()
-	ms.asked = map[stack.Address]bool{}
-	for _, c := range others {
-		ms.asked[c] = true
-	}
-	g.mu.Unlock()
 	g.merges.Add(1)
 	g.Log().Info("merging subgroups", "coordinators", append([]stack.Address{self}, others...))
-	for _, c := range others {
-		g.send(c, &Header{Type: typeMergeReq, MergeID: ms.id})
-	}
-	type sub struct {
-		view   *stack.View
-		digest nakack.Digest
-	}
-	subs := []sub{{v, g.digest()}}
-	t := time.NewTimer(g.cfg.MergeTimeout)
-	defer t.Stop()
-	for waiting := len(others); waiting > 0; {
-		select {
-		case r := <-ms.rsps:
-			waiting--
-			if r.h.Fail != "" || r.h.View == nil {
-				g.Log().Info("merge refused", "by", r.from, "reason", r.h.Fail)
-				continue
-			}
-			subs = append(subs, sub{r.h.View, r.h.Digest})
-		case <-t.C:
-			g.Log().Warn("merge: not every coordinator answered within merge_timeout", "answered", len(subs)-1, "asked", len(others))
-			waiting = 0
-		case <-g.Done():
-			return
-		}
+	subs, ok := g.collectMerge(ms, v, others)
+	if !ok {
+		return
 	}
 	if len(subs) < 2 {
 		g.mergesFailed.Add(1)
@@ -1144,9 +1135,62 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		}
 		return
 	}
+	// With FLUSH above, every member of every subgroup blocks and the
+	// members of each subgroup deliver the same messages before the merge
+	// view, as before any view change. The digests are asked for again
+	// after the flush: they must start the other subgroups' senders where
+	// the flush left them, or a member would deliver in the merge view what
+	// the others delivered in their old one.
+	var parts []stack.Address
+	for _, s := range subs {
+		for _, m := range s.view.Members {
+			if !slices.Contains(parts, m) {
+				parts = append(parts, m)
+			}
+		}
+	}
+	res, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true, Merge: true}))
+	if err != nil {
+		g.flushFailures.Add(1)
+		g.mergesFailed.Add(1)
+		g.Log().Warn("merge: cancelled, the flush failed", "error", err)
+		for _, c := range others {
+			g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
+		}
+		return
+	}
+	var mv *stack.View
+	defer func() {
+		// After every member acknowledged the merge view (or the merge
+		// gave up): the group may send again.
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{View: mv}))
+	}()
+	var without []stack.Address
+	if fr, ok := res.(stack.FlushResult); ok {
+		without = fr.Without
+		var answered []stack.Address
+		for _, s := range subs[1:] {
+			answered = append(answered, s.view.Coordinator())
+		}
+		again, ok := g.collectMerge(ms, g.View(), answered)
+		if !ok {
+			return
+		}
+		if len(again) != len(subs) {
+			// Without every subgroup's digest after the flush, the merge
+			// view would start some senders at the wrong place.
+			g.mergesFailed.Add(1)
+			g.Log().Warn("merge: cancelled, a coordinator did not answer after the flush")
+			for _, c := range others {
+				g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
+			}
+			return
+		}
+		subs = again
+	}
 	// The leader's subgroup first, then the others by coordinator; each
 	// member once; the digest takes each sender's entry from its subgroup.
-	slices.SortStableFunc(subs[1:], func(a, b sub) int { return a.view.Coordinator().Compare(b.view.Coordinator()) })
+	slices.SortStableFunc(subs[1:], func(a, b mergeSub) int { return a.view.Coordinator().Compare(b.view.Coordinator()) })
 	var members []stack.Address
 	var views []*stack.View
 	var digest nakack.Digest
@@ -1155,7 +1199,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		views = append(views, s.view)
 		seq = max(seq, s.view.ID.Seq)
 		for _, m := range s.view.Members {
-			if slices.Contains(members, m) {
+			if slices.Contains(members, m) || slices.Contains(without, m) {
 				continue
 			}
 			members = append(members, m)
@@ -1164,7 +1208,11 @@ func (g *GMS) runMerge(coords []stack.Address) {
 			}
 		}
 	}
-	mv := stack.NewMergeView(self, seq+1, members, views)
+	if len(without) > 0 {
+		g.Log().Warn("merge: excluding members the flush went on without", "excluded", without)
+		g.flushExclusions.Add(int64(len(without)))
+	}
+	mv = stack.NewMergeView(self, seq+1, members, views)
 	g.Log().Info("installing merge view", "view", mv)
 	expect := map[stack.Address]bool{}
 	for _, m := range members {
@@ -1183,7 +1231,73 @@ func (g *GMS) runMerge(coords []stack.Address) {
 			g.send(m, ih)
 		}
 	}
+	for _, w := range without {
+		g.send(w, ih) // so that they know they are out, and merge back
+	}
 	g.waitAcks(aw, func(a stack.Address) { g.send(a, ih) })
+}
+
+// mergeSub is one subgroup of a merge: its view and its coordinator's digest.
+type mergeSub struct {
+	view   *stack.View
+	digest nakack.Digest
+}
+
+// collectMerge asks the coordinators for their views and digests (again,
+// after the flush: the same merge id) and returns the leader's subgroup
+// first, then those that accepted, within merge_timeout. ok is false when
+// the stack stops.
+func (g *GMS) collectMerge(ms *mergeState, own *stack.View, coords []stack.Address) (subs []mergeSub, ok bool) {
+	g.mu.Lock()
+	if ms.asked != nil {
+		// Asking again (after the flush): a new id, so that no answer to
+		// the earlier request, with a digest from before the flush, counts.
+		g.mergeN++
+		ms.id = MergeID{Leader: ms.id.Leader, N: g.mergeN}
+	}
+	for len(ms.rsps) > 0 { // answers to an earlier request
+		<-ms.rsps
+	}
+	ms.asked = map[stack.Address]bool{}
+	for _, c := range coords {
+		ms.asked[c] = true
+	}
+	g.mu.Unlock()
+	for _, c := range coords {
+		g.send(c, &Header{Type: typeMergeReq, MergeID: ms.id})
+	}
+	subs = []mergeSub{{own, g.digest()}}
+	t := time.NewTimer(g.cfg.MergeTimeout)
+	defer t.Stop()
+	// A request or answer can be lost (the last message of a reliable
+	// unicast connection is not repaired until the next one): ask again
+	// those that have not answered. The same merge id gets the same answer.
+	again := time.NewTicker(g.cfg.MergeTimeout / 5)
+	defer again.Stop()
+	for waiting := len(coords); waiting > 0; {
+		select {
+		case <-again.C:
+			g.mu.Lock()
+			missing := slices.Collect(maps.Keys(ms.asked))
+			g.mu.Unlock()
+			for _, c := range missing {
+				g.send(c, &Header{Type: typeMergeReq, MergeID: ms.id})
+			}
+		case r := <-ms.rsps:
+			waiting--
+			if r.h.Fail != "" || r.h.View == nil {
+				g.Log().Info("merge refused", "by", r.from, "reason", r.h.Fail)
+				continue
+			}
+			subs = append(subs, mergeSub{r.h.View, r.h.Digest})
+		case <-t.C:
+			g.Log().Warn("merge: not every coordinator answered within merge_timeout", "answered", len(subs)-1, "asked", len(coords))
+			waiting = 0
+		case <-g.Done():
+			return nil, false
+		}
+	}
+	return subs, true
 }
 
 // handleMergeReq is a subgroup coordinator's part: it answers with its view
@@ -1197,7 +1311,13 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 	switch {
 	case v == nil || g.coordLocked() != self:
 		fail = "not a coordinator"
-	case g.merge != nil && g.merge.id != h.MergeID && time.Now().Before(g.merge.until):
+	case g.merge != nil && g.merge.id.Leader == h.MergeID.Leader && h.MergeID.N < g.merge.id.N:
+		// A late copy of the leader's earlier request: it asks again with a
+		// new id after its flush, and only that answer counts.
+		g.mu.Unlock()
+		g.msgsIgnored.Add(1)
+		return
+	case g.merge != nil && g.merge.id.Leader != h.MergeID.Leader && time.Now().Before(g.merge.until):
 		fail = "busy with another merge"
 	case v.Contains(src):
 		fail = "already in one view"
@@ -1205,6 +1325,7 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 		g.merge = &mergeState{id: h.MergeID, until: time.Now().Add(g.cfg.MergeTimeout)}
 	}
 	g.mu.Unlock()
+	g.Log().Debug("gms: merge request", "from", src, "merge", h.MergeID, "fail", fail)
 	if fail != "" {
 		g.send(src, &Header{Type: typeMergeRsp, MergeID: h.MergeID, Fail: fail})
 		return
@@ -1231,6 +1352,7 @@ func (g *GMS) Stats() []stack.Stat {
 		{Name: "messages_ignored", Value: g.msgsIgnored.Load()},
 		{Name: "views_resent", Value: g.viewsResent.Load()},
 		{Name: "flush_failures", Value: g.flushFailures.Load()},
+		{Name: "flush_exclusions", Value: g.flushExclusions.Load()},
 	}
 }
 
