@@ -133,6 +133,7 @@ type FLUSH struct {
 	joining     bool // blocked since Connect, until the flush that installs the view stops
 	joinDone    chan struct{}
 	since       time.Time // blocked since
+	heldSince   time.Time // an aborted view-change round left NAKACK's hold on, since
 	blockCalled bool
 	done        map[stack.Address]uint64 // per initiator: its rounds up to N have ended
 	n           uint64
@@ -241,6 +242,9 @@ func (f *FLUSH) open(release bool) {
 		f.blockedNanos.Add(int64(time.Since(f.since)))
 		f.since = time.Time{}
 	}
+	if release {
+		f.heldSince = time.Time{}
+	}
 	f.mu.Unlock()
 	if release {
 		// A view-change round's hold on every sender ends here.
@@ -255,8 +259,29 @@ func (f *FLUSH) open(release bool) {
 	}
 }
 
+// releaseHeld ends the hold an aborted view-change round left, unless a
+// round has begun since (its end releases it).
+func (f *FLUSH) releaseHeld() {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	f.mu.Lock()
+	held := f.cur == nil && !f.heldSince.IsZero()
+	f.heldSince = time.Time{}
+	f.mu.Unlock()
+	if held {
+		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+	}
+}
+
 func (f *FLUSH) safetyValve() {
 	f.mu.Lock()
+	if f.cur == nil && !f.heldSince.IsZero() && time.Since(f.heldSince) > f.cfg.Timeout {
+		f.mu.Unlock()
+		f.safetyUnblocks.Add(1)
+		f.Log().Warn("flush: no view within timeout after an aborted view-change round; delivering again", "timeout", f.cfg.Timeout)
+		f.releaseHeld()
+		f.mu.Lock()
+	}
 	stuck := (f.cur != nil || f.joining) && !f.since.IsZero() && time.Since(f.since) > f.cfg.Timeout
 	cur := f.cur
 	// A view-change round whose view has not come: unblocked, this member
@@ -464,8 +489,20 @@ func (f *FLUSH) handleStop(src stack.Address, h *Header) {
 		f.stopsDeferred.Add(1)
 		return
 	}
+	abortVC := mine && h.Type == typeAbort && f.cur.vc
+	if abortVC {
+		f.heldSince = time.Now()
+	}
 	f.mu.Unlock()
-	if mine || joiner {
+	switch {
+	case abortVC:
+		// The initiator gave up on this attempt and may go on without
+		// this member, which is then not in the next view. It may send
+		// again, but delivers nothing beyond what it had delivered until
+		// a view comes (or timeout passes): what the others send now
+		// belongs to a view it may not be in.
+		f.open(false)
+	case mine || joiner:
 		f.unblock()
 	}
 	f.pmu.Unlock()
@@ -943,9 +980,13 @@ func (f *FLUSH) viewDelivered(v *stack.View) {
 	orphan := cur != nil && !v.Contains(cur.id.Initiator) && cur.id.Initiator != f.LocalAddress()
 	sw := f.stopWait
 	ready := sw != nil && f.view != nil && f.view.ID.Seq >= sw.h.View.Seq
+	held := cur == nil && !f.heldSince.IsZero()
 	f.mu.Unlock()
 	if ready {
 		f.handleStop(sw.src, sw.h)
+	}
+	if held {
+		f.releaseHeld()
 	}
 	if orphan {
 		f.Log().Info("flush: the round's initiator left the view; unblocking", "round", cur.id)

@@ -562,6 +562,16 @@ func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
 			return ok && h.Kind() == "FLUSH_COMPLETED" && drop.Load()
 		})
 		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		// C also misses the first copy of the view that excludes it, so
+		// B's multicasts of the new view reach C while C is still in the
+		// old one: C must not deliver them there.
+		var viewLost atomic.Bool
+		d2 := discard.New(discard.DefaultConfig())
+		d2.DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			return ok && h.Kind() == "VIEW" && drop.Load() && viewLost.CompareAndSwap(false, true)
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d2, "NAKACK"))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup

@@ -371,9 +371,12 @@ type Hold struct{}
 
 // hold implements Hold; see there.
 func (n *NAKACK) hold() Digest {
+	self := n.LocalAddress()
 	n.mu.Lock()
-	for _, t := range n.tables {
-		if !t.held {
+	for src, t := range n.tables {
+		// Not this member's own: what it sent before it blocked belongs
+		// to this view, and it delivers its own copy here and now.
+		if !t.held && src != self {
 			t.held, t.limit = true, t.hd
 		}
 	}

@@ -303,3 +303,25 @@ func TestPurgedMessagesOfAnotherViewAreSkipped(t *testing.T) {
 		require.Positive(t, stacktest.Stat(t, g.nak[0], "purged_answers_sent"))
 	})
 }
+
+// TestHoldLeavesTheMembersOwnMulticastsAlone: a view-change flush holds
+// every other sender at what was delivered from it, but a member's own
+// multicasts (sent before it blocked) are delivered to it at once, in the
+// view they were sent in: held, they would reach it only after the next
+// view (or never in the view of a member the flush went on without).
+func TestHoldLeavesTheMembersOwnMulticastsAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(t, 2, 1)
+		a, b := g.c.Channels[0], g.c.Channels[1]
+		_, err := a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvGetDigest, nakack.Hold{}))
+		require.NoError(t, err)
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, 0, 8))))
+		require.NoError(t, b.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(1, 0, 8))))
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 1 && g.c.Recv[1].Len() == 2 }, "A delivered its own multicast, B both")
+		synctest.Wait()
+		require.Empty(t, g.c.Recv[0].Seqs(b.Address()), "B's multicast is held at A")
+		_, err = a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+		require.NoError(t, err)
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 2 }, "released")
+	})
+}

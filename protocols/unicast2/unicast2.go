@@ -579,11 +579,20 @@ func (u *Unicast2) xmitTask() {
 		dest stack.Address
 		h    *Header
 	}
-	var reqs []req
+	var reqs, stables []req
 	var resend []*stack.Message
 	var closeRecv []stack.Address
 	u.mu.Lock()
 	for src, e := range u.recv {
+		if e.next-1 > e.lastHD {
+			// Delivered more since the last STABLE: say so now rather
+			// than at the next stable_interval. The sender then learns
+			// soon that its last message arrived, and resends a lost one
+			// after xmit_interval instead of a backoff grown to seconds
+			// (a request/response exchange, such as a state transfer,
+			// otherwise waits seconds for each lost last message).
+			stables = append(stables, req{src, u.stableHeader(e)})
+		}
 		var missing []uint64
 		if e.highest >= e.next && !e.xmit.Due(now, e.next, u.cfg.XmitInterval) {
 			continue
@@ -634,6 +643,9 @@ func (u *Unicast2) xmitTask() {
 		}
 	}
 	u.mu.Unlock()
+	for _, r := range stables {
+		u.sendStable(r.dest, r.h)
+	}
 	for _, r := range reqs {
 		u.st.xmitReqSent.Add(1)
 		u.control(r.dest, r.h)

@@ -479,3 +479,23 @@ func TestStoppingReceiverDoesNotDeliverAResentFirstMessageAgain(t *testing.T) {
 		require.Equal(t, []int{0, 1}, p.recvFrom())
 	})
 }
+
+// TestReceiverAcknowledgesWithinXmitInterval: a receiver that delivered
+// new messages sends a STABLE at its next xmit_interval, not only every
+// stable_interval, so the sender purges them soon and learns as soon that
+// a last message is missing. Request/response traffic (a state transfer)
+// otherwise waits a backoff of seconds for each lost last message.
+func TestReceiverAcknowledgesWithinXmitInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.StableInterval = time.Minute
+		p := newPair(t, 1, cfg, false, nil)
+		start := time.Now()
+		p.sendRange(t, 0, 4)
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0
+		}, "the sender purged what the receiver delivered")
+		require.Less(t, time.Since(start), 3*cfg.XmitInterval, "purged within a few xmit_intervals (virtual time)")
+		require.Zero(t, stacktest.Stat(t, p.u[0], "retransmissions"), "nothing was resent")
+	})
+}
