@@ -57,7 +57,8 @@ type FlushRequest struct {
 	// the current view. A stop also reaches joiners listed here.
 	Participants []Address
 	// ViewChange marks GMS's flush before a view change; such a round takes
-	// precedence over an application's flush.
+	// precedence over an application's flush. A stop ends only a round of
+	// its own kind: GMS's stop never ends the application's round.
 	ViewChange bool
 	// Merge (start, with ViewChange): the participants come from several
 	// views (a merge); every one of them is awaited, not only those in

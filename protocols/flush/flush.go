@@ -100,6 +100,7 @@ type initRound struct {
 	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
 	answered map[stack.Address]nakack.Digest
 	refused  bool
+	skipped  []stack.Address // suspected participants no longer awaited
 	wake     chan struct{}
 }
 
@@ -142,6 +143,10 @@ type FLUSH struct {
 	// left: this member is not in the view its last round installed (it is
 	// a leaving coordinator); what the round held is never released.
 	left bool
+	// suspects: members failure detection suspects; a round no longer
+	// waits for them (as in JGroups), and a view-change round reports
+	// them as left out.
+	suspects map[stack.Address]bool
 
 	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos, viewWaits, wentWithout atomic.Int64
 }
@@ -151,7 +156,7 @@ var _ stack.Protocol = (*FLUSH)(nil)
 // New returns a FLUSH layer.
 func New(cfg Config) *FLUSH {
 	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1), done: map[stack.Address]uint64{},
-		stateDone: map[stack.Address]bool{}, stateWake: make(chan struct{}, 1)}
+		stateDone: map[stack.Address]bool{}, stateWake: make(chan struct{}, 1), suspects: map[stack.Address]bool{}}
 	return f
 }
 
@@ -165,6 +170,7 @@ func (f *FLUSH) Init() error { return f.cfg.Validate() }
 func (f *FLUSH) Start() error {
 	f.mu.Lock()
 	f.view, f.cur, f.joining, f.run, f.blockCalled, f.left = nil, nil, false, nil, false, false
+	clear(f.suspects)
 	clear(f.done)
 	f.mu.Unlock()
 	f.gate.Open()
@@ -559,8 +565,18 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.FlushRequest) (stack.F
 	}
 	var err error
 	for attempt := 1; ; attempt++ {
-		if err = f.attempt(ctx, req); err == nil {
+		var skipped []stack.Address
+		if skipped, err = f.attempt(ctx, req); err == nil {
 			f.completed.Add(1)
+			if req.ViewChange {
+				// Suspected participants the round stopped waiting for
+				// are not in the cut either.
+				for _, a := range skipped {
+					if !slices.Contains(res.Without, a) {
+						res.Without = append(res.Without, a)
+					}
+				}
+			}
 			return res, nil
 		}
 		if attempt >= f.cfg.MaxAttempts || ctx.Err() != nil {
@@ -606,7 +622,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.FlushRequest) (stack.F
 	return res, fmt.Errorf("%w: %w", ErrFlushFailed, err)
 }
 
-func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
+func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Address, error) {
 	self := f.LocalAddress()
 	parts := req.Participants
 	f.mu.Lock()
@@ -646,8 +662,11 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) error {
 		f.mu.Lock()
 		f.run = nil
 		f.mu.Unlock()
+		return nil, err
 	}
-	return err
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(ir.skipped), nil
 }
 
 // maxDigest is what every participant must deliver before the round ends,
@@ -716,7 +735,14 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 		refused := ir.refused
 		var missing []stack.Address
 		for _, p := range ir.parts {
-			if _, ok := ir.answered[p]; !ok && (ir.merge || f.view == nil || f.view.Contains(p) || p == f.LocalAddress()) {
+			_, ok := ir.answered[p]
+			switch {
+			case ok:
+			case f.suspects[p] && p != f.LocalAddress():
+				if !slices.Contains(ir.skipped, p) {
+					ir.skipped = append(ir.skipped, p)
+				}
+			case ir.merge || f.view == nil || f.view.Contains(p) || p == f.LocalAddress():
 				missing = append(missing, p)
 			}
 		}
@@ -758,7 +784,10 @@ func (f *FLUSH) stopFlush(ctx context.Context, req stack.FlushRequest) error {
 	extra := req.Participants
 	f.mu.Lock()
 	ir := f.run
-	if ir == nil || ir.phase == typeUnblocked {
+	if ir == nil || ir.phase == typeUnblocked || ir.vc != req.ViewChange {
+		// Only the owner ends its round: GMS's stop never ends the
+		// application's round (GMS's own start may have failed), nor the
+		// application's GMS's.
 		f.mu.Unlock()
 		return nil
 	}
@@ -904,6 +933,22 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 	case stack.EvStopFlush:
 		req, _ := ev.Arg.(stack.FlushRequest)
 		return nil, f.stopFlush(context.Background(), req)
+	case stack.EvSuspect:
+		as, _ := ev.Arg.([]stack.Address)
+		f.mu.Lock()
+		for _, a := range as {
+			f.suspects[a] = true
+		}
+		if ir := f.run; ir != nil {
+			ir.kick()
+		}
+		f.mu.Unlock()
+	case stack.EvUnsuspect:
+		if a, ok := ev.Arg.(stack.Address); ok {
+			f.mu.Lock()
+			delete(f.suspects, a)
+			f.mu.Unlock()
+		}
 	case stack.EvViewChange:
 		// After the application has the view: a STOP_FLUSH that waited
 		// for it takes effect.
@@ -964,6 +1009,11 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
 func (f *FLUSH) viewChange(v *stack.View) {
 	f.mu.Lock()
 	f.view = v
+	for a := range f.suspects {
+		if !v.Contains(a) {
+			delete(f.suspects, a)
+		}
+	}
 	if ir := f.run; ir != nil {
 		ir.kick() // members that left are no longer awaited
 	}

@@ -695,3 +695,60 @@ func TestMergeIsFlushed(t *testing.T) {
 		}
 	})
 }
+
+// TestStartFlushGoesOnWithoutASuspectedParticipant: C's flush answers are
+// lost, and B's application flush waits for them. Once failure detection
+// suspects C, the round stops waiting for it (as in JGroups): StartFlush
+// succeeds at once instead of retrying until it fails.
+func TestStartFlushGoesOnWithoutASuspectedParticipant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		b, c := ms[1], ms[2]
+		d := discard.New(discard.DefaultConfig())
+		d.DropDownIf(func(m *stack.Message) bool {
+			_, ok := m.Header(stack.IDFLUSH).(*flush.Header)
+			return ok
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- b.Ch.StartFlush(ctx) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("StartFlush returned before C was suspected: %v", err)
+		default:
+		}
+		_, err := b.f.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{c.Addr()}))
+		require.NoError(t, err)
+		start := time.Now()
+		require.NoError(t, <-done, "the flush went on without the suspected C")
+		require.Less(t, time.Since(start), flush.DefaultConfig().StartTimeout, "at once (virtual time), not after the start timeout")
+		require.NoError(t, b.Ch.StopFlush(ctx))
+		require.False(t, b.f.Blocked())
+	})
+}
+
+// TestOnlyTheOwnerEndsItsRound: B's application holds a flush. A stop from
+// GMS (as after a view-change flush whose start failed) does not end it;
+// the group stays blocked until the application's own StopFlush.
+func TestOnlyTheOwnerEndsItsRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		b := ms[1]
+		ctx := t.Context()
+		require.NoError(t, b.Ch.StartFlush(ctx))
+		_, err := b.f.UpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{ViewChange: true}))
+		require.NoError(t, err)
+		synctest.Wait()
+		for _, m := range ms {
+			require.True(t, m.f.Blocked(), "%s is still blocked: GMS's stop did not end the application's round", m.Addr())
+		}
+		require.NoError(t, b.Ch.StopFlush(ctx))
+		stacktest.WaitFor(t, time.Minute, func() bool { return !anyBlocked(ms) }, "the application's stop unblocked everyone")
+	})
+}

@@ -498,7 +498,9 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		}
 	}
 	defer func() {
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, View: nv}))
+		if err == nil { // a failed start left no round of GMS's to stop
+			_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, View: nv, ViewChange: true}))
+		}
 	}()
 	expect := map[stack.Address]bool{}
 	for _, m := range nv.Members {
@@ -1163,7 +1165,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	defer func() {
 		// After every member acknowledged the merge view (or the merge
 		// gave up): the group may send again.
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{View: mv}))
+		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{View: mv, ViewChange: true}))
 	}()
 	var without []stack.Address
 	if fr, ok := res.(stack.FlushResult); ok {
