@@ -26,6 +26,8 @@ const (
 	IDCOMPRESS      uint16 = 18
 	IDENCRYPT       uint16 = 19
 	IDAUTH          uint16 = 20
+	IDUFC           uint16 = 21
+	IDMFC           uint16 = 22
 
 	// IDUserMin is the first id free for protocols outside strata.
 	IDUserMin uint16 = 1024

@@ -1,0 +1,451 @@
+// Package flowcontrol is the credit-based flow control that UFC (unicasts)
+// and MFC (multicasts) share, with JGroups' semantics: a sender holds
+// credits per receiver (max_credits bytes), spends them by payload bytes and
+// blocks without them; a receiver returns the bytes it has processed (its
+// application's Receive returned) once they reach min_threshold of
+// max_credits. A sender blocked for max_block_time asks for credits again.
+// Messages marked INTERNAL or NO_FC pass without credits, so control
+// traffic is never held behind application traffic.
+package flowcontrol
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// Config configures UFC and MFC.
+type Config struct {
+	MaxCredits   stack.Size    `toml:"max_credits" doc:"bytes a sender may have outstanding at one receiver before that receiver returns credits"`
+	MinThreshold float64       `toml:"min_threshold" doc:"fraction of max_credits a receiver processes from a sender before it returns them"`
+	MaxBlockTime time.Duration `toml:"max_block_time" doc:"how long a sender without credits waits before it asks its receivers for them (and again every max_block_time)"`
+}
+
+// DefaultConfig returns the defaults of JGroups' udp.xml (max_credits 4M,
+// min_threshold 0.4); max_block_time is shorter than JGroups' 5s so that
+// credits lost with a connection that was reset are asked for soon.
+func DefaultConfig() Config {
+	return Config{MaxCredits: 4_000_000, MinThreshold: 0.4, MaxBlockTime: time.Second}
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.MaxCredits <= 0:
+		return stack.BadKey("max_credits", "must be > 0, got %d", c.MaxCredits)
+	case !(c.MinThreshold > 0 && c.MinThreshold <= 1):
+		return stack.BadKey("min_threshold", "must be in (0, 1], got %g", c.MinThreshold)
+	case c.MaxBlockTime <= 0:
+		return stack.BadKey("max_block_time", "must be > 0, got %s", c.MaxBlockTime)
+	}
+	return nil
+}
+
+// Header types.
+const (
+	TypeCredit        uint8 = 1 // credits returned to a sender (JGroups' REPLENISH)
+	TypeCreditRequest uint8 = 2 // a blocked sender asks for credits
+)
+
+// Header is a flow-control message: credits returned, or credits asked for.
+type Header struct {
+	Type    uint8
+	Credits uint64
+}
+
+// Size returns the encoded length.
+func (h *Header) Size() int { return 1 + stack.UvarintSize(h.Credits) }
+
+// AppendTo appends the encoding.
+func (h *Header) AppendTo(b []byte) []byte {
+	return stack.AppendUvarint(append(b, h.Type), h.Credits)
+}
+
+// DecodeHeader reads a Header; unknown types are an error.
+func DecodeHeader(r *stack.Reader) (stack.Header, error) {
+	h := &Header{Type: r.Uint8(), Credits: r.Uvarint()}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	if h.Type != TypeCredit && h.Type != TypeCreditRequest {
+		return nil, fmt.Errorf("flow control: unknown header type %d", h.Type)
+	}
+	return h, nil
+}
+
+// Samples are headers for the codec's round-trip and fuzz tests.
+func Samples() []stack.Header {
+	return []stack.Header{&Header{Type: TypeCredit, Credits: 1_600_000}, &Header{Type: TypeCreditRequest, Credits: 1}}
+}
+
+// FlowControl is the UFC or MFC layer.
+type FlowControl struct {
+	stack.Base
+	name  string
+	mcast bool
+	cfg   Config
+
+	mu      sync.Mutex
+	view    *stack.View
+	credits map[stack.Address]int64 // sender: bytes it may still send to each member
+	changed chan struct{}           // closed (and replaced) when credits grow or the view changes
+	recv    map[stack.Address]*recvState
+	waiting int // senders blocked for credits right now
+
+	blockings, blockedNanos, requestsSent, requestsRecv, creditsSent, creditsRecv, extraGrants, ignored atomic.Int64
+}
+
+// recvState is a receiver's account of one sender.
+type recvState struct {
+	processed int64     // bytes processed and not yet returned
+	inflight  int64     // bytes passed up whose delivery has not returned
+	progress  time.Time // last time a delivery from this sender returned
+}
+
+var _ stack.Protocol = (*FlowControl)(nil)
+
+// New returns a flow-control layer: name "UFC" with mcast false controls
+// unicasts, "MFC" with mcast true multicasts.
+func New(name string, mcast bool, cfg Config) *FlowControl {
+	return &FlowControl{name: name, mcast: mcast, cfg: cfg, credits: map[stack.Address]int64{},
+		changed: make(chan struct{}), recv: map[stack.Address]*recvState{}}
+}
+
+// Name returns "UFC" or "MFC".
+func (f *FlowControl) Name() string { return f.name }
+
+// Init validates the config.
+func (f *FlowControl) Init() error { return f.cfg.Validate() }
+
+// Start forgets what a previous run knew.
+func (f *FlowControl) Start() error {
+	f.mu.Lock()
+	f.view = nil
+	clear(f.credits)
+	clear(f.recv)
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *FlowControl) minCredits() int64 {
+	return max(1, int64(float64(f.cfg.MaxCredits)*f.cfg.MinThreshold))
+}
+
+// controlled reports whether m is subject to this layer's credits.
+func (f *FlowControl) controlled(m *stack.Message) bool {
+	if m.Flags&(stack.Internal|stack.NoFC) != 0 {
+		return false
+	}
+	return m.Dest.IsZero() == f.mcast
+}
+
+// Down spends credits for the messages this layer controls, blocking until
+// every receiver has enough (or ctx ends).
+func (f *FlowControl) Down(ctx context.Context, m *stack.Message) error {
+	if f.controlled(m) && m.Dest != f.LocalAddress() {
+		if err := f.acquire(ctx, m.Dest, int64(len(m.Payload))); err != nil {
+			return err
+		}
+	}
+	return f.PassDown(ctx, m)
+}
+
+// lacking returns the receivers (dest, or every other member for a
+// multicast) with fewer than need credits, and whether any receiver is
+// known; callers hold f.mu.
+func (f *FlowControl) lacking(dest stack.Address, need int64) (short []stack.Address, known bool) {
+	if f.mcast {
+		for a, c := range f.credits {
+			known = true
+			if c < need {
+				short = append(short, a)
+			}
+		}
+		return short, known
+	}
+	c, ok := f.credits[dest]
+	if ok && c < need {
+		short = append(short, dest)
+	}
+	return short, ok
+}
+
+func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) error {
+	need := min(n, int64(f.cfg.MaxCredits)) // a message larger than max_credits waits for all of them
+	var start time.Time
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		if !start.IsZero() {
+			f.blockedNanos.Add(int64(time.Since(start)))
+			f.mu.Lock()
+			f.waiting--
+			f.mu.Unlock()
+		}
+	}()
+	f.mu.Lock()
+	for {
+		short, known := f.lacking(dest, need)
+		if len(short) == 0 {
+			if known {
+				if f.mcast {
+					for a := range f.credits {
+						f.credits[a] -= n
+					}
+				} else {
+					f.credits[dest] -= n
+				}
+			}
+			f.mu.Unlock()
+			return nil
+		}
+		ch := f.changed
+		if start.IsZero() {
+			f.waiting++
+		}
+		f.mu.Unlock()
+		if start.IsZero() {
+			start = time.Now()
+			f.blockings.Add(1)
+			timer = time.NewTimer(f.cfg.MaxBlockTime)
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			// Credits may be late, or lost with a connection that was
+			// reset: ask for them.
+			f.mu.Lock()
+			short, _ = f.lacking(dest, need)
+			reqs := make([]int64, len(short))
+			for i, a := range short {
+				reqs[i] = int64(f.cfg.MaxCredits) - f.credits[a]
+			}
+			f.mu.Unlock()
+			for i, a := range short {
+				f.requestsSent.Add(1)
+				f.send(a, &Header{Type: TypeCreditRequest, Credits: uint64(max(reqs[i], 0))})
+			}
+			timer.Reset(f.cfg.MaxBlockTime)
+		case <-ctx.Done():
+			return fmt.Errorf("%s: waiting for credits: %w", f.name, ctx.Err())
+		case <-f.Done():
+			return stack.ErrClosed
+		}
+		f.mu.Lock()
+	}
+}
+
+func (f *FlowControl) send(dest stack.Address, h *Header) {
+	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.OOB | stack.NoFC)
+	m.PutHeader(f.ID(), h)
+	_ = f.PassDown(context.Background(), m)
+}
+
+// Up takes credit messages; a controlled message counts as processed once
+// the layers above (and the application's Receive) have returned.
+func (f *FlowControl) Up(m *stack.Message) {
+	if h, ok := m.Header(f.ID()).(*Header); ok {
+		f.handle(m.Src, h)
+		return
+	}
+	if !f.counted(m) {
+		f.PassUp(m)
+		return
+	}
+	n := int64(len(m.Payload))
+	f.arrived(m.Src, n)
+	defer f.processed(m.Src, n) // also if a callback panics
+	f.PassUp(m)
+}
+
+// UpBatch takes the batch's credit messages and counts the rest once the
+// batch has been delivered.
+func (f *FlowControl) UpBatch(b *stack.Batch) {
+	var n int64
+	b.Keep(func(m *stack.Message) bool {
+		if h, ok := m.Header(f.ID()).(*Header); ok {
+			f.handle(m.Src, h)
+			return false
+		}
+		if f.counted(m) {
+			n += int64(len(m.Payload))
+		}
+		return true
+	})
+	if n == 0 {
+		f.PassUpBatch(b)
+		return
+	}
+	src := b.Src
+	f.arrived(src, n)
+	defer f.processed(src, n)
+	f.PassUpBatch(b)
+}
+
+// counted reports whether a received message was charged by its sender.
+func (f *FlowControl) counted(m *stack.Message) bool {
+	return f.controlled(m) && m.Src != f.LocalAddress()
+}
+
+func (f *FlowControl) arrived(src stack.Address, n int64) {
+	f.mu.Lock()
+	if r := f.recv[src]; r != nil {
+		r.inflight += n
+	}
+	f.mu.Unlock()
+}
+
+// processed adds n bytes from src to what this receiver has processed and
+// returns them to src once they reach min_threshold of max_credits.
+func (f *FlowControl) processed(src stack.Address, n int64) {
+	f.mu.Lock()
+	r := f.recv[src]
+	if r == nil { // not a member (any more): it holds no credits here
+		f.mu.Unlock()
+		return
+	}
+	r.inflight = max(0, r.inflight-n)
+	r.processed += n
+	r.progress = time.Now()
+	var give int64
+	if r.processed >= f.minCredits() {
+		give, r.processed = r.processed, 0
+	}
+	f.mu.Unlock()
+	if give > 0 {
+		f.creditsSent.Add(1)
+		f.send(src, &Header{Type: TypeCredit, Credits: uint64(give)})
+	}
+}
+
+func (f *FlowControl) handle(src stack.Address, h *Header) {
+	switch h.Type {
+	case TypeCredit:
+		f.creditsRecv.Add(1)
+		f.mu.Lock()
+		if c, ok := f.credits[src]; ok {
+			f.credits[src] = min(c+int64(min(h.Credits, uint64(f.cfg.MaxCredits))), int64(f.cfg.MaxCredits))
+			close(f.changed)
+			f.changed = make(chan struct{})
+		} else {
+			f.ignored.Add(1)
+		}
+		f.mu.Unlock()
+	case TypeCreditRequest:
+		f.requestsRecv.Add(1)
+		f.mu.Lock()
+		r := f.recv[src]
+		if r == nil {
+			f.mu.Unlock()
+			f.ignored.Add(1)
+			return
+		}
+		give := r.processed
+		r.processed = 0
+		// The sender gets what it asked for when nothing of its is waiting
+		// here (it lost credits, say with a connection that was reset), or
+		// when its delivery here has not moved for max_block_time while a
+		// sender of this member waits for credits itself: a Receive that
+		// answers a request and waits for credits that only the other
+		// side's Receive would return (JGroups' JGRP-465). A receiver that
+		// is merely slow, or stuck on its own, returns only what it
+		// processed, so its memory stays bounded.
+		stuck := time.Since(r.progress) >= f.cfg.MaxBlockTime && f.waiting > 0
+		if r.inflight == 0 || stuck {
+			if asked := int64(min(h.Credits, uint64(f.cfg.MaxCredits))); asked > give {
+				give = asked
+				f.extraGrants.Add(1)
+			}
+		}
+		f.mu.Unlock()
+		if give > 0 {
+			f.creditsSent.Add(1)
+			f.send(src, &Header{Type: TypeCredit, Credits: uint64(give)})
+		}
+	}
+}
+
+// DownEvent tracks the view: members that left release what they held,
+// joiners get full credits.
+func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	if ev.Type == stack.EvViewChange {
+		if v, ok := ev.Arg.(*stack.View); ok {
+			f.viewChange(v)
+		}
+	}
+	return f.PassDownEvent(ctx, ev)
+}
+
+func (f *FlowControl) viewChange(v *stack.View) {
+	self := f.LocalAddress()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.view = v
+	for a := range f.credits {
+		if !v.Contains(a) {
+			delete(f.credits, a)
+		}
+	}
+	for a := range f.recv {
+		if !v.Contains(a) {
+			delete(f.recv, a)
+		}
+	}
+	now := time.Now()
+	for _, a := range v.Members {
+		if a == self {
+			continue
+		}
+		if _, ok := f.credits[a]; !ok {
+			f.credits[a] = int64(f.cfg.MaxCredits)
+		}
+		if f.recv[a] == nil {
+			f.recv[a] = &recvState{progress: now}
+		}
+	}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// Credits returns this member's credits per receiver, for tests and tools.
+func (f *FlowControl) Credits() map[stack.Address]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[stack.Address]int64, len(f.credits))
+	for a, c := range f.credits {
+		out[a] = c
+	}
+	return out
+}
+
+// Stats reports the layer's counters.
+func (f *FlowControl) Stats() []stack.Stat {
+	f.mu.Lock()
+	least := int64(-1)
+	for _, c := range f.credits {
+		if least < 0 || c < least {
+			least = c
+		}
+	}
+	f.mu.Unlock()
+	return []stack.Stat{
+		{Name: "min_credits_left", Value: max(least, 0)},
+		{Name: "blockings", Value: f.blockings.Load()},
+		{Name: "blocked_time_ns", Value: f.blockedNanos.Load()},
+		{Name: "credit_requests_sent", Value: f.requestsSent.Load()},
+		{Name: "credit_requests_received", Value: f.requestsRecv.Load()},
+		{Name: "credits_sent", Value: f.creditsSent.Load()},
+		{Name: "credits_received", Value: f.creditsRecv.Load()},
+		{Name: "credits_granted_on_request", Value: f.extraGrants.Load()},
+		{Name: "credit_msgs_ignored", Value: f.ignored.Load()},
+	}
+}
+
+// String names the layer, for logs.
+func (f *FlowControl) String() string { return fmt.Sprintf("%s(%s)", f.name, f.LocalAddress()) }

@@ -1,0 +1,76 @@
+package mfc_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/internal/flowcontrol"
+	"github.com/strata-go/strata/protocols/mfc"
+	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/protocols/unicast2"
+	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/stacktest"
+)
+
+// TestMulticastWaitsForTheSlowestMemberUntilItLeaves: C's Receive is stuck,
+// so A's multicasts stop once C's credits are spent, although B keeps up.
+// When a view without C comes, what C held is released and A goes on;
+// every multicast reaches B once and in order.
+func TestMulticastWaitsForTheSlowestMemberUntilItLeaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := mfc.DefaultConfig()
+		cfg.MaxCredits = 10_000
+		cfg.MaxBlockTime = 500 * time.Millisecond
+		fcs := make([]*flowcontrol.FlowControl, 3)
+		c := stacktest.StartSIM(t, 3, 1, func(i int) []stack.Protocol {
+			fcs[i] = mfc.New(cfg)
+			return []stack.Protocol{nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+		})
+		a, b, slow := c.Channels[0], c.Channels[1], c.Channels[2]
+		release := make(chan struct{})
+		var once sync.Once
+		open := func() { once.Do(func() { close(release) }) }
+		defer open()
+		c.Recv[2].OnMsg = func(m *stack.Message) {
+			if m.Src == a.Address() {
+				<-release
+			}
+		}
+		send := func(ctx context.Context, seq int) error {
+			return a.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(0, seq, 1000)))
+		}
+		for seq := range 10 {
+			require.NoError(t, send(t.Context(), seq))
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		err := send(ctx, 10)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the 11th multicast waits for C's credits")
+		require.Equal(t, int64(0), fcs[0].Credits()[slow.Address()])
+		require.Positive(t, fcs[0].Credits()[b.Address()], "B returned its credits")
+
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			for seq := 10; seq < 40 && err == nil; seq++ {
+				err = send(t.Context(), seq)
+			}
+			done <- err
+		}()
+		synctest.Wait()
+		stacktest.InjectView(t, stack.NewView(a.Address(), 3, a.Address(), b.Address()), a, b)
+		select {
+		case err := <-done:
+			require.NoError(t, err, "a view without C released A")
+		case <-time.After(time.Minute):
+			t.Fatal("A is still blocked: a view without C released A")
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(c.Recv[1].Seqs(a.Address())) == 40 }, "B delivered all 40")
+		require.Empty(t, c.Recv[1].CheckExactlyOnce([]stack.Address{a.Address()}, 40, true))
+	})
+}
