@@ -178,6 +178,14 @@ const (
 	// for example the last one a leaving coordinator sent, or installed one
 	// this coordinator never saw). Arg: ViewInconsistency.
 	EvViewInconsistent
+	// EvRecallSenders (down): a layer closed its gate (FLUSH blocking);
+	// senders waiting in a layer below (for flow-control credits) give
+	// their message back with ErrNotSent and wait at that gate instead, so
+	// the layer can drain what passed it. Until EvReleaseSenders.
+	EvRecallSenders
+	// EvReleaseSenders (down): the gate is open again; senders below wait
+	// as usual.
+	EvReleaseSenders
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -192,7 +200,7 @@ var eventNames = map[EventType]string{
 	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
 	EvSendToPhysical: "SEND_TO_PHYSICAL", EvMerge: "MERGE", EvKnownMembers: "KNOWN_MEMBERS",
 	EvReconcile: "RECONCILE", EvProvideState: "PROVIDE_STATE", EvApplyState: "APPLY_STATE",
-	EvViewInconsistent: "VIEW_INCONSISTENT",
+	EvViewInconsistent: "VIEW_INCONSISTENT", EvRecallSenders: "RECALL_SENDERS", EvReleaseSenders: "RELEASE_SENDERS",
 }
 
 func (t EventType) String() string {

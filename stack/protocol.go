@@ -57,6 +57,10 @@ var (
 	ErrClosed = errors.New("strata: closed")
 	// ErrNotConnected: the channel is not connected to a cluster.
 	ErrNotConnected = errors.New("strata: not connected")
+	// ErrNotSent: a layer gave a message back unsent, because a layer above
+	// recalled the senders waiting below it (EvRecallSenders); that layer
+	// sends it again.
+	ErrNotSent = errors.New("strata: not sent (recalled)")
 	// ErrNoTransport: a message reached the bottom of a stack with no transport.
 	ErrNoTransport = errors.New("strata: no transport below")
 	// ErrNotSupported: a layer cannot do what an event asks (for example

@@ -31,7 +31,6 @@ type perfOptions struct {
 	senders int
 	oob     bool
 	json    bool
-	window  int
 	timeout time.Duration
 	join    bool
 	cluster string
@@ -132,14 +131,8 @@ func (pm *perfMember) Receive(m *stack.Message) {
 		}
 		pm.next[sender] = seq + 1
 	}
-	n := pm.got[sender]
 	pm.mu.Unlock()
 	pm.bytes.Add(int64(len(p)))
-	if pm.joined && n%100 == 0 && m.Src != pm.ch.Address() {
-		// Credit for the sender's window (in one process perf reads it
-		// directly).
-		_ = pm.ch.Send(context.Background(), stack.NewMessage(m.Src, control(kindAck, pm.idx, uint64(n))).Set(stack.OOB))
-	}
 	if pm.count.Add(1)%64 == 0 {
 		select {
 		case pm.wake <- struct{}{}:
@@ -204,7 +197,6 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.IntVar(&o.senders, "senders", 0, "members that send (0: all)")
 	fl.BoolVar(&o.oob, "oob", false, "send out of band (no order check)")
 	fl.BoolVar(&o.json, "json", false, "print one JSON object")
-	fl.IntVar(&o.window, "window", 500, "messages a sender may have in flight to its slowest receiver (the stack has no flow control without GROUPFC)")
 	fl.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this long")
 	fl.BoolVar(&o.join, "join", false, "this process is one member: start -members N processes (or hosts) with the same flags; the run starts when all have joined")
 	fl.StringVar(&o.cluster, "cluster", "perf", "with -join: the group to join")
@@ -511,18 +503,9 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, sent *
 			}
 		default:
 			buf[0] = kindData
-			// Without flow control in the stack the sender would outrun its
-			// receivers; stay within -window of the slowest.
-			for _, r := range ts {
-				for int64(s)-r.gotFrom(i) > int64(o.window) {
-					select {
-					case <-r.wake:
-					case <-time.After(time.Millisecond):
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
-			}
+			// No application window: the stack's flow control (UFC and
+			// MFC, or GROUPFC's windows) paces the sender, as it would any
+			// application's.
 			dest := stack.Address{}
 			if o.mode == "unicast" {
 				dest = ts[0].ch.Address()
@@ -780,8 +763,8 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	return res, nil
 }
 
-// sendJoined sends this member's messages in -join mode, keeping within
-// -window of what its slowest receiver has acknowledged.
+// sendJoined sends this member's messages in -join mode, paced by the
+// stack's flow control only.
 func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, lats *[]time.Duration) error {
 	buf := make([]byte, o.size)
 	binary.BigEndian.PutUint32(buf[1:], uint32(pm.idx))
@@ -806,22 +789,6 @@ func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []st
 			continue
 		}
 		buf[0] = kindData
-		for _, d := range dests {
-			for {
-				pm.mu.Lock()
-				acked := pm.acks[d]
-				pm.mu.Unlock()
-				if int64(s)-acked <= int64(o.window) {
-					break
-				}
-				select {
-				case <-pm.wake:
-				case <-time.After(time.Millisecond):
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		}
 		dest := stack.Address{}
 		if o.mode == "unicast" {
 			dest = members[dests[0]]

@@ -89,12 +89,13 @@ type FlowControl struct {
 	mcast bool
 	cfg   Config
 
-	mu      sync.Mutex
-	view    *stack.View
-	credits map[stack.Address]int64 // sender: bytes it may still send to each member
-	changed chan struct{}           // closed (and replaced) when credits grow or the view changes
-	recv    map[stack.Address]*recvState
-	waiting int // senders blocked for credits right now
+	mu       sync.Mutex
+	view     *stack.View
+	credits  map[stack.Address]int64 // sender: bytes it may still send to each member
+	changed  chan struct{}           // closed (and replaced) when credits grow or the view changes
+	recv     map[stack.Address]*recvState
+	waiting  int  // senders blocked for credits right now
+	recalled bool // a layer above closed its gate: senders do not wait here (EvRecallSenders)
 
 	blockings, blockedNanos, requestsSent, requestsRecv, creditsSent, creditsRecv, extraGrants, ignored atomic.Int64
 }
@@ -204,6 +205,10 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 			}
 			f.mu.Unlock()
 			return nil
+		}
+		if f.recalled {
+			f.mu.Unlock()
+			return stack.ErrNotSent
 		}
 		ch := f.changed
 		if start.IsZero() {
@@ -374,10 +379,17 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 // DownEvent tracks the view: members that left release what they held,
 // joiners get full credits.
 func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
+	switch ev.Type {
+	case stack.EvViewChange:
 		if v, ok := ev.Arg.(*stack.View); ok {
 			f.viewChange(v)
 		}
+	case stack.EvRecallSenders, stack.EvReleaseSenders:
+		f.mu.Lock()
+		f.recalled = ev.Type == stack.EvRecallSenders
+		close(f.changed) // waiting senders look again
+		f.changed = make(chan struct{})
+		f.mu.Unlock()
 	}
 	return f.PassDownEvent(ctx, ev)
 }

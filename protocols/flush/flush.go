@@ -200,6 +200,9 @@ func (f *FLUSH) Down(ctx context.Context, m *stack.Message) error {
 		}
 		err := f.PassDown(ctx, m)
 		f.inflight.RUnlock()
+		if errors.Is(err, stack.ErrNotSent) && ctx.Err() == nil {
+			continue // it waited for credits below when the gate closed
+		}
 		return err
 	}
 }
@@ -220,6 +223,11 @@ func (f *FLUSH) block() {
 		_, _ = f.PassUpEvent(stack.Ev(stack.EvBlock, nil))
 	}
 	f.gate.Close()
+	// A sender past the gate that waits below for flow-control credits
+	// would make the drain wait for credits (which a member blocked the
+	// same way may never return): it gives its message back and waits at
+	// the gate.
+	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvRecallSenders, nil))
 	// Taking the write lock waits for every sender already past the gate.
 	f.inflight.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
@@ -256,6 +264,7 @@ func (f *FLUSH) open(release bool) {
 		// A view-change round's hold on every sender ends here.
 		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
 	}
+	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseSenders, nil))
 	f.gate.Open()
 	if call {
 		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnblock, nil))
