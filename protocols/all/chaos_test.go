@@ -342,10 +342,14 @@ func (r *chaosRun) send(i, kind, to, size int) {
 	if kind == kindOOB {
 		m.Set(stack.OOB)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// With flow control a send waits for credits from every member of the
+	// view, also from one that is cut off or crashed until failure
+	// detection removes it (FD_ALL's 40 s, verification and the view
+	// change), as with JGroups' MFC: allow that, and a margin.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := ch.Send(ctx, m); err != nil && ctx.Err() != nil {
-		r.t.Errorf("member %d: a send blocked for a minute: %v", i, err)
+		r.t.Errorf("member %d: a send blocked for 3 minutes: %v", i, err)
 	}
 }
 

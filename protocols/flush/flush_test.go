@@ -130,6 +130,21 @@ func (l *lab) start(n int) []*member {
 	return out // in the view's order
 }
 
+// multicastAll has each member multicast numbered messages every period
+// until ctx ends (member i's are stacktest.Payload(i, seq, 16)).
+func multicastAll(ctx context.Context, wg *sync.WaitGroup, period time.Duration, ms ...*member) {
+	for i, m := range ms {
+		wg.Go(func() {
+			for seq := 0; ctx.Err() == nil; seq++ {
+				if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
+					return
+				}
+				time.Sleep(period)
+			}
+		})
+	}
+}
+
 func anyBlocked(ms []*member) bool {
 	for _, m := range ms {
 		if m.f.Blocked() {
@@ -444,16 +459,7 @@ func TestMemberThatMissesTheViewDeliversNothingOfTheNextViewInTheOldOne(t *testi
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup
-		for i, m := range []*member{b, c} {
-			wg.Go(func() {
-				for seq := 0; ctx.Err() == nil; seq++ {
-					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
-						return
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			})
-		}
+		multicastAll(ctx, &wg, 50*time.Millisecond, b, c)
 		time.Sleep(time.Second)
 		left := make(chan error, 1)
 		go func() { left <- a.Ch.Disconnect(context.Background()) }()
@@ -575,16 +581,7 @@ func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup
-		for i, m := range []*member{b, c} {
-			wg.Go(func() {
-				for seq := 0; ctx.Err() == nil; seq++ {
-					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
-						return
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			})
-		}
+		multicastAll(ctx, &wg, 50*time.Millisecond, b, c)
 		time.Sleep(time.Second)
 		e := l.add()
 		l.ConnectAll(e.Member)
@@ -632,16 +629,7 @@ func TestMergeIsFlushed(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup
-		for i, m := range ms {
-			wg.Go(func() {
-				for seq := 0; ctx.Err() == nil; seq++ {
-					if err := m.Ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 16))); err != nil {
-						return
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-			})
-		}
+		multicastAll(ctx, &wg, 10*time.Millisecond, ms...)
 		addrs := func(ms ...*member) []stack.Address {
 			var out []stack.Address
 			for _, m := range ms {
