@@ -72,7 +72,7 @@ func DecodeHeader(r *stack.Reader) (stack.Header, error) {
 		return nil, err
 	}
 	if h.Type != TypeCredit && h.Type != TypeCreditRequest {
-		return nil, fmt.Errorf("flow control: unknown header type %d", h.Type)
+		return nil, fmt.Errorf("%w: flow control: unknown header type %d", stack.ErrMalformed, h.Type)
 	}
 	return h, nil
 }
