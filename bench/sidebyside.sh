@@ -61,7 +61,7 @@ if not res or any(r.get("ok") != "true" for r in res):
 elif shape == "mc4x4":
     print(int(float(res[0]["total_msgs_per_sec"])))
 elif shape == "mc2x1-join":
-    print(max(int(float(r["total_msgs_per_sec"])) for r in res))
+    print(max(int(float(r["member_msgs_per_sec"])) for r in res))
 else:
     print(int(float(res[0]["mean_member_msgs_per_sec"])))
 PY
