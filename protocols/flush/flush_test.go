@@ -130,6 +130,31 @@ func (l *lab) start(n int) []*member {
 	return out // in the view's order
 }
 
+// requireSameViews fails t unless every multicast that two of rs delivered
+// was delivered in the same view by both; it returns how many such pairs
+// (a message and a member that delivered it) it checked.
+func requireSameViews(t *testing.T, rs ...*receiver) int {
+	t.Helper()
+	for _, r := range rs {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	checked := 0
+	for _, r := range rs {
+		for v, set := range r.inView {
+			for k := range set {
+				for _, other := range rs {
+					if got := where(other, k); got != "never delivered it" {
+						require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
+						checked++
+					}
+				}
+			}
+		}
+	}
+	return checked
+}
+
 // multicastAll has each member multicast numbered messages every period
 // until ctx ends (member i's are stacktest.Payload(i, seq, 16)).
 func multicastAll(ctx context.Context, wg *sync.WaitGroup, period time.Duration, ms ...*member) {
@@ -595,25 +620,7 @@ func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
 		cancel()
 		wg.Wait()
 
-		rs := []*receiver{a.r, b.r, c.r, e.r}
-		for _, r := range rs {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-		}
-		checked := 0
-		for _, r := range rs {
-			for v, set := range r.inView {
-				for k := range set {
-					for _, other := range rs {
-						if got := where(other, k); got != "never delivered it" {
-							require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
-							checked++
-						}
-					}
-				}
-			}
-		}
-		require.Positive(t, checked)
+		require.Positive(t, requireSameViews(t, a.r, b.r, c.r, e.r))
 	})
 }
 
@@ -664,23 +671,7 @@ func TestMergeIsFlushed(t *testing.T) {
 		cancel()
 		wg.Wait()
 
-		var rs []*receiver
-		for _, m := range ms {
-			m.r.mu.Lock()
-			defer m.r.mu.Unlock()
-			rs = append(rs, m.r)
-		}
-		for _, r := range rs {
-			for v, set := range r.inView {
-				for k := range set {
-					for _, other := range rs {
-						if got := where(other, k); got != "never delivered it" {
-							require.Equal(t, "delivered it in "+v.String(), got, "message %s", k)
-						}
-					}
-				}
-			}
-		}
+		requireSameViews(t, ms[0].r, ms[1].r, ms[2].r, ms[3].r)
 	})
 }
 
