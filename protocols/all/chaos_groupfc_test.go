@@ -2,7 +2,6 @@ package all_test
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,15 +20,9 @@ import (
 // senders block), six flow-controlled senders (the five and a late
 // joiner), a crash and a graceful leave. Besides the suite's invariants
 // (without the views' delivery rule) it checks GROUPFC's promises: see
-// checkGroup. It passes 198 of seeds 1-200, so it runs only with
-// STRATA_CHAOS_GROUPFC=1 until the last failures (a leaver's LEAVE that
-// never reaches one member; a broadcast that one member never delivers)
-// are fixed; see the chaos-suite issue.
+// checkGroup.
 func TestChaosGroupFC(t *testing.T) {
 	skipShort(t)
-	if os.Getenv("STRATA_CHAOS_GROUPFC") == "" {
-		t.Skip("known failures; set STRATA_CHAOS_GROUPFC=1 to run")
-	}
 	for _, seed := range chaosSeeds(t, "1-100") {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { scenarioC(t, seed) })

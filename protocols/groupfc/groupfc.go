@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -34,7 +35,7 @@ type Config struct {
 	Loopback     bool          `toml:"loopback" doc:"receive own broadcasts and multicasts, and be a candidate for own anycasts"`
 	MemberEvents bool          `toml:"member_events" doc:"deliver member UP and DOWN events to the application, in order with the messages"`
 	MaxActive    int           `toml:"max_active" doc:"senders a receiver lets use the large window at once (0: TIPC's max(min((members+1)/8, 64), 16))"`
-	LeaveTimeout time.Duration `toml:"leave_timeout" doc:"how long a member that left the view with its LEAVE may take to deliver what it sent before it is given up"`
+	LeaveTimeout time.Duration `toml:"leave_timeout" doc:"how long a member that left the view with its LEAVE may take to deliver what it sent before it is given up; a leaver that waits longer for the members to confirm its LEAVE says so (it waits until they do, leave the view or its context ends)"`
 }
 
 // DefaultConfig returns GROUPFC's defaults.
@@ -142,7 +143,7 @@ type GroupFC struct {
 	wakeCh    chan struct{}
 	rr        map[uint64]int // anycast round-robin position per instance
 
-	blockedSends, blockedNanos, wouldBlock, unreachable, dropped, delivered_, leaveUnacked atomic.Int64
+	blockedSends, blockedNanos, wouldBlock, unreachable, dropped, delivered_, leaveUnacked, leaveSlow atomic.Int64
 }
 
 var _ stack.Protocol = (*GroupFC)(nil)
@@ -481,17 +482,18 @@ func (p *GroupFC) Up(m *stack.Message) {
 	}
 	p.mu.Lock()
 	if h.Type == typeLeaveAck {
-		if p.leaveWait[m.Src] {
-			delete(p.leaveWait, m.Src)
-			if len(p.leaveWait) == 0 {
-				close(p.leaveDone)
-			}
-		}
+		p.unawait(m.Src)
 		p.mu.Unlock()
 		return
 	}
 	if p.g == nil {
 		p.mu.Unlock()
+		if h.Type == typeLeave {
+			// Leaving too: confirm, or two members that leave at once
+			// wait for each other.
+			p.sendOut([]protoMsg{{to: m.Src, h: &Header{Type: typeLeaveAck}}})
+			return
+		}
 		p.dropped.Add(1)
 		return
 	}
@@ -508,47 +510,36 @@ func (p *GroupFC) Up(m *stack.Message) {
 	p.afterLocked()
 }
 
-// afterLocked sends the outbox and delivers what became ready; callers hold
-// p.mu, which it releases.
+// afterLocked sends the outbox and starts delivering what became ready;
+// callers hold p.mu, which it releases. Delivery runs on a goroutine of
+// this layer, one per member with something ready, never on the caller's:
+// the caller is the lane that brings that member's ADV, ACK, REMIT and
+// LEAVE, and a Receive that waits for a window (a reply sent from
+// Receive) or is merely slow must not hold them back.
 func (p *GroupFC) afterLocked() {
-	for _, m := range p.unlockAndSend() {
-		p.drain(m)
-	}
-}
-
-// unlockAndSend takes the members with something ready and the outbox,
-// releases p.mu (callers hold it), sends the outbox and returns the members.
-func (p *GroupFC) unlockAndSend() []*member {
 	ready := p.g.nready
 	p.g.nready = nil
+	var start []*member
+	for _, m := range ready {
+		if !m.delivering && len(m.ready) > 0 {
+			m.delivering = true
+			start = append(start, m)
+		}
+	}
 	out := p.takeOut()
 	p.mu.Unlock()
 	p.sendOut(out)
-	return ready
-}
-
-// afterLockedAsync is afterLocked for control paths: what became ready is
-// delivered on a goroutine of this layer, not the caller's.
-func (p *GroupFC) afterLockedAsync() {
-	if ready := p.unlockAndSend(); len(ready) > 0 {
-		p.Go(func(<-chan struct{}) {
-			for _, m := range ready {
-				p.drain(m)
-			}
-		})
+	for _, m := range start {
+		p.Go(func(<-chan struct{}) { p.drain(m) })
 	}
 }
 
-// drain delivers m's ready queue in order, one goroutine at a time per
-// member; after the layer above has taken a data message, the receive
-// window is updated (that is the "read").
+// drain delivers m's ready queue in order; afterLocked set m.delivering,
+// so one goroutine at a time delivers a member's queue. After the layer
+// above has taken a data message, the receive window is updated (that is
+// the "read").
 func (p *GroupFC) drain(m *member) {
 	p.mu.Lock()
-	if m.delivering {
-		p.mu.Unlock()
-		return
-	}
-	m.delivering = true
 	for len(m.ready) > 0 {
 		it := m.ready[0]
 		m.ready = m.ready[1:]
@@ -589,6 +580,23 @@ func (p *GroupFC) drain(m *member) {
 
 // ---- membership
 
+// unawait stops waiting for a's LEAVE_ACK; callers hold p.mu.
+func (p *GroupFC) unawait(a stack.Address) {
+	if p.leaveWait[a] {
+		delete(p.leaveWait, a)
+		if len(p.leaveWait) == 0 {
+			close(p.leaveDone)
+		}
+	}
+}
+
+// awaited returns the members whose LEAVE_ACK this member still awaits.
+func (p *GroupFC) awaited() []stack.Address {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.SortedFunc(maps.Keys(p.leaveWait), stack.Address.Compare)
+}
+
 // DownEvent follows the view (members appear and disappear) and sends
 // LEAVE to every member on disconnect.
 func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
@@ -603,7 +611,7 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			self := p.LocalAddress()
 			p.leaveWait, p.leaveDone = map[stack.Address]bool{}, make(chan struct{})
 			for a, m := range p.g.members {
-				if a != self && !m.deleted {
+				if a != self && !m.deleted && (p.view == nil || p.view.Contains(a)) {
 					p.leaveWait[a] = true
 				}
 			}
@@ -617,11 +625,17 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			p.mu.Unlock()
 			p.sendOut(out)
 			// Stopped at once, the stack could no longer resend a LEAVE
-			// that was lost: the members would not learn the sync point
-			// (and that this member left rather than crashed).
-			// Reliable unicast resends a lost LEAVE only when it notices;
-			// this member sends it again itself, every leave_timeout/8,
-			// to the members that have not confirmed it.
+			// that was lost, nor a message before it that a member still
+			// misses: the members would not learn the sync point (and
+			// that this member left rather than crashed). So the stack
+			// stays up until every member has confirmed the LEAVE, which
+			// it does once it has everything before it, or has gone from
+			// the view (a crashed member is removed by failure
+			// detection), or ctx ends. Reliable unicast resends a lost
+			// LEAVE only when it notices; this member sends it again
+			// itself, every leave_timeout/8, to the members that have not
+			// confirmed it. A leave that takes longer than leave_timeout
+			// is counted (leaves_slow).
 			t := time.NewTimer(p.cfg.LeaveTimeout)
 			tick := time.NewTicker(p.cfg.LeaveTimeout / 8)
 		wait:
@@ -630,9 +644,10 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 				case <-done:
 					break wait
 				case <-t.C:
-					p.leaveUnacked.Add(1)
-					break wait
+					p.leaveSlow.Add(1)
+					p.Log().Info("groupfc: waiting for members to confirm the LEAVE", "members", p.awaited(), "leave_timeout", p.cfg.LeaveTimeout)
 				case <-ctx.Done():
+					p.leaveUnacked.Add(1)
 					break wait
 				case <-tick.C:
 					var again []protoMsg
@@ -675,8 +690,15 @@ func (p *GroupFC) viewChange(v *stack.View) {
 	self := p.LocalAddress()
 	p.mu.Lock()
 	if p.g == nil {
+		// Leaving: a member that is no longer in the view will not
+		// confirm the LEAVE.
+		for a := range p.leaveWait {
+			if !v.Contains(a) {
+				p.unawait(a)
+			}
+		}
 		p.mu.Unlock()
-		return // left
+		return
 	}
 	p.g.joined = true
 	p.view = v
@@ -696,10 +718,10 @@ func (p *GroupFC) viewChange(v *stack.View) {
 			}
 		}
 	}
-	// Not delivered here: this runs on GMS's view installation, which must
-	// never wait for the application (a slow Receive held every later view
-	// behind it).
-	p.afterLockedAsync()
+	// Not delivered here (afterLocked never delivers on its caller): this
+	// runs on GMS's view installation, which must never wait for the
+	// application (a slow Receive held every later view behind it).
+	p.afterLocked()
 	for _, m := range gone {
 		// A leaver delivers what it sent below its LEAVE's sync point; a
 		// LEAVE or message that never comes is given up after
@@ -805,5 +827,6 @@ func (p *GroupFC) Stats() []stack.Stat {
 		{Name: "unreachable", Value: p.unreachable.Load()},
 		{Name: "dropped", Value: p.dropped.Load()},
 		{Name: "leaves_unacknowledged", Value: p.leaveUnacked.Load()},
+		{Name: "leaves_slow", Value: p.leaveSlow.Load()},
 	}
 }

@@ -512,3 +512,70 @@ func TestViewChangeDoesNotWaitForTheApplication(t *testing.T) {
 		require.Contains(t, events(c.Recv[0]), groupfc.Event{Member: addrs[2], Instance: 0, Up: false})
 	})
 }
+
+// TestRepliesFromReceiveDoNotStall: B answers every request from A with a
+// unicast sent inside its Receive (the seed-003 shape). The reply waits for
+// B's window toward A, which A's ADVs refill; they come on the lane that
+// brings A's requests to B. Delivering on that lane would make B's Receive
+// wait for an ADV queued behind the request it is handling: all 2,000
+// exchanges must complete.
+func TestRepliesFromReceiveDoNotStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		synctest.Wait()
+		addrs := c.Addresses()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		const n = 2000
+		var replies atomic.Int64
+		var replyErr atomic.Value
+		c.Channels[0].SetReceiver(stack.ReceiverFuncs{OnReceive: func(*stack.Message) { replies.Add(1) }})
+		c.Channels[1].SetReceiver(stack.ReceiverFuncs{OnReceive: func(m *stack.Message) {
+			if err := gs[1].Unicast(ctx, addrs[0], make([]byte, 1000)); err != nil {
+				replyErr.CompareAndSwap(nil, err)
+			}
+		}})
+		for i := range n {
+			require.NoError(t, gs[0].Unicast(ctx, addrs[1], make([]byte, 1000)), "request %d", i)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return replies.Load() == n }, "every reply")
+		require.Nil(t, replyErr.Load(), "a reply failed")
+	})
+}
+
+// TestLeaverWaitsUntilEveryMemberHasWhatItSent: C's unicast to A and every
+// resend of it are lost for three times leave_timeout, so A's LEAVE_ACK
+// (sent once it has everything before the LEAVE) comes late. C's stack must
+// stay up until it comes: A then has C's message and calls C's DOWN
+// graceful. A leaver that stopped after leave_timeout left A with a gap it
+// could never fill: the message lost, and C "crashed".
+func TestLeaverWaitsUntilEveryMemberHasWhatItSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, withEvents)
+		synctest.Wait()
+		addrs := c.Addresses()
+		var cut atomic.Bool
+		cut.Store(true)
+		c.Net.SetLink(addrs[2], addrs[0], sim.Rule{DropIf: func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDGROUPFC).(*groupfc.Header)
+			return ok && h.Kind() == "UCAST" && cut.Load()
+		}})
+		require.NoError(t, gs[2].Unicast(t.Context(), addrs[0], []byte("last")))
+		left := make(chan error, 1)
+		go func() { left <- c.Channels[2].Disconnect(t.Context()) }()
+		time.Sleep(3 * groupfc.DefaultConfig().LeaveTimeout) // the fault's length, in virtual time
+		cut.Store(false)
+		require.NoError(t, <-left)
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0], c.Channels[1])
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, ev := range events(c.Recv[0]) {
+				if !ev.Up && ev.Member == addrs[2] {
+					return true
+				}
+			}
+			return false
+		}, "C is DOWN at A")
+		require.Contains(t, payloads(c.Recv[0]), "last")
+		require.Contains(t, events(c.Recv[0]), groupfc.Event{Member: addrs[2], Instance: 0, Up: false, Graceful: true}, "C left; it was not lost")
+	})
+}

@@ -18,9 +18,9 @@ const (
 	typeAck     uint8 = 7 // N: next broadcast seqno expected from the receiver of the ACK
 	typeReclaim uint8 = 8
 	typeRemit   uint8 = 9 // N: the remitter's window toward the reclaimer
-	// typeLeaveAck confirms a LEAVE: the leaver waits for it (up to
-	// leave_timeout) before its stack stops, so its LEAVE, and the sync
-	// point in it, reach every member.
+	// typeLeaveAck confirms a LEAVE: the leaver waits for it from every
+	// member still in the view before its stack stops, so its LEAVE, the
+	// sync point in it and everything before it reach every member.
 	typeLeaveAck uint8 = 10
 	maxType            = typeLeaveAck
 )
