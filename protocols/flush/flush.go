@@ -116,10 +116,11 @@ type FLUSH struct {
 	stack.Base
 	cfg Config
 
-	gate     stack.Gate
-	inflight sync.RWMutex // multicasts past the gate on their way down
-	pmu      sync.Mutex   // participant transitions, one at a time
-	owner    chan struct{}
+	gate      stack.Gate
+	callbacks stack.Serial // Block and Unblock, in order, off FLUSH's locks
+	inflight  sync.RWMutex // multicasts past the gate on their way down
+	pmu       sync.Mutex   // participant transitions, one at a time
+	owner     chan struct{}
 
 	mu   sync.Mutex
 	view *stack.View
@@ -220,7 +221,7 @@ func (f *FLUSH) block() {
 	}
 	f.mu.Unlock()
 	if call {
-		_, _ = f.PassUpEvent(stack.Ev(stack.EvBlock, nil))
+		f.notify(stack.EvBlock)
 	}
 	f.gate.Close()
 	// A sender past the gate that waits below for flow-control credits
@@ -232,6 +233,15 @@ func (f *FLUSH) block() {
 	f.inflight.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
 	f.inflight.Unlock()
+}
+
+// notify passes BLOCK or UNBLOCK up, in order, on FLUSH's callback
+// goroutine: the application's Block and Unblock run while FLUSH holds
+// none of its locks, and a Block that waits (or starts a flush of its own)
+// holds up neither this round nor the safety valve. The gate, not the
+// callback, stops the member's multicasts.
+func (f *FLUSH) notify(t stack.EventType) {
+	f.callbacks.Do(&f.Base, func() { _, _ = f.PassUpEvent(stack.Ev(t, nil)) })
 }
 
 // unblock ends this member's part in a round: it lets the senders a
@@ -267,7 +277,7 @@ func (f *FLUSH) open(release bool) {
 	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseSenders, nil))
 	f.gate.Open()
 	if call {
-		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnblock, nil))
+		f.notify(stack.EvUnblock)
 	}
 	if joined != nil {
 		close(joined) // the joiner's Connect returns into an open gate

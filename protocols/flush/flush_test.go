@@ -183,12 +183,14 @@ func TestFlushBlocksMulticastsUntilASynchronousStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := newLab(t, 1)
 		ms := l.start(3)
+		synctest.Wait() // the joins' Unblocks are in
 		require.False(t, anyBlocked(ms))
 		var blocks, unblocks []int32
 		for _, m := range ms {
 			blocks, unblocks = append(blocks, m.r.blocks.Load()), append(unblocks, m.r.unblocks.Load())
 		}
 		require.NoError(t, ms[0].Ch.StartFlush(t.Context()))
+		synctest.Wait() // Block is a notice on FLUSH's callback goroutine
 		for i, m := range ms {
 			require.True(t, m.f.Blocked(), "member %d blocked", i)
 			require.Equal(t, blocks[i]+1, m.r.blocks.Load(), "member %d: Block called once", i)
@@ -206,6 +208,7 @@ func TestFlushBlocksMulticastsUntilASynchronousStop(t *testing.T) {
 		require.NoError(t, ms[0].Ch.StopFlush(t.Context()))
 		// Synchronous: when StopFlush returns, everyone is unblocked.
 		require.False(t, anyBlocked(ms), "every member unblocked when StopFlush returns")
+		synctest.Wait() // Unblock, like Block, is a notice
 		for i, m := range ms {
 			require.Equal(t, unblocks[i]+1, m.r.unblocks.Load(), "member %d: Unblock called once", i)
 		}
@@ -221,6 +224,8 @@ func TestJoinerConnectsIntoAGroupWhereEveryoneCanSend(t *testing.T) {
 		l.ConnectAll(c.Member)
 		require.False(t, anyBlocked(append(ms, c)), "Connect returns when the flush of its view has stopped everywhere")
 		require.True(t, grouptest.SameView(ms[0].Member, ms[1].Member, c.Member))
+		// Block and Unblock are notices on FLUSH's callback goroutine.
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.r.unblocks.Load() == 1 }, "the joiner's Unblock")
 		require.EqualValues(t, 1, c.r.blocks.Load(), "the joiner blocked from the moment it asked to join")
 		require.EqualValues(t, 1, c.r.unblocks.Load())
 		require.Positive(t, stacktest.Stat(t, ms[0].f, "flushes_completed"), "the coordinator flushed before the view change")
@@ -729,5 +734,71 @@ func TestOnlyTheOwnerEndsItsRound(t *testing.T) {
 		}
 		require.NoError(t, b.Ch.StopFlush(ctx))
 		stacktest.WaitFor(t, time.Minute, func() bool { return !anyBlocked(ms) }, "the application's stop unblocked everyone")
+	})
+}
+
+// waitingBlocker is a receiver whose Block runs onBlock (once) before it
+// counts.
+type waitingBlocker struct {
+	*receiver
+	once    sync.Once
+	onBlock func()
+}
+
+func (w *waitingBlocker) Block() {
+	w.once.Do(w.onBlock)
+	w.receiver.Block()
+}
+
+// TestBlockThatWaitsHoldsUpNothing: C's Block waits until the test lets it
+// go. The flush A starts must still complete at once, and stop: Block is a
+// notice, delivered on FLUSH's own goroutine while FLUSH holds none of its
+// locks; the gate, not the callback, holds C's multicasts. Called under
+// FLUSH's participant lock, the waiting Block kept C from answering, and
+// the flush failed after start_flush_timeout.
+func TestBlockThatWaitsHoldsUpNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		release := make(chan struct{})
+		c := ms[2]
+		c.Ch.SetReceiver(&waitingBlocker{receiver: c.r, onBlock: func() { <-release }})
+		ctx, cancel := context.WithTimeout(t.Context(), flush.DefaultConfig().StartTimeout/2)
+		defer cancel()
+		require.NoError(t, ms[0].Ch.StartFlush(ctx), "the flush completes while C's Block waits")
+		require.True(t, c.f.Blocked(), "C is blocked")
+		require.NoError(t, ms[0].Ch.StopFlush(ctx))
+		require.False(t, anyBlocked(ms), "every member unblocked while C's Block still waits")
+		close(release)
+		synctest.Wait()
+		require.EqualValues(t, c.r.blocks.Load(), c.r.unblocks.Load(), "C got its Unblock after its Block")
+	})
+}
+
+// TestStartFlushFromBlock: B's application answers its first Block by
+// flushing the group itself. Its StartFlush waits for A's round to end and
+// then runs its own; nothing deadlocks (FLUSH called Block holding the
+// participant lock that B's StartFlush needs).
+func TestStartFlushFromBlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		b := ms[1]
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		own := make(chan error, 1)
+		b.Ch.SetReceiver(&waitingBlocker{receiver: b.r, onBlock: func() {
+			err := b.Ch.StartFlush(ctx)
+			if err == nil {
+				err = b.Ch.StopFlush(ctx)
+			}
+			own <- err
+		}})
+		require.NoError(t, ms[0].Ch.StartFlush(ctx))
+		require.NoError(t, ms[0].Ch.StopFlush(ctx))
+		require.NoError(t, <-own, "B's own flush, started from Block")
+		synctest.Wait()
+		require.False(t, anyBlocked(ms))
+		require.EqualValues(t, b.r.blocks.Load(), b.r.unblocks.Load(), "B's Blocks and Unblocks pair up")
 	})
 }
