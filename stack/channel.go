@@ -26,7 +26,9 @@ type BatchReceiver interface {
 }
 
 // Blocker is implemented by receivers that want to know when a flush blocks
-// and unblocks the group's sends.
+// and unblocks the group's sends. Both are notices, delivered in order on
+// FLUSH's own goroutine: the flush does not wait for them (multicasts wait
+// at FLUSH's gate whatever Block does), so they may block or start a flush.
 type Blocker interface {
 	Block()
 	Unblock()
