@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -35,6 +36,8 @@ type perfOptions struct {
 	join    bool
 	cluster string
 	name    string
+	cpuProf string
+	memProf string
 }
 
 // Message kinds in the first byte of a perf payload.
@@ -201,6 +204,8 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.BoolVar(&o.join, "join", false, "this process is one member: start -members N processes (or hosts) with the same flags; the run starts when all have joined")
 	fl.StringVar(&o.cluster, "cluster", "perf", "with -join: the group to join")
 	fl.StringVar(&o.name, "name", "", "with -join: this member's name (default: host-pid)")
+	fl.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the run to FILE (go tool pprof)")
+	fl.StringVar(&o.memProf, "memprofile", "", "write an allocation profile, taken after the run, to FILE")
 	if err := fl.Parse(args); err != nil {
 		return exitConfig
 	}
@@ -225,7 +230,15 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	if o.join {
 		run = runJoin
 	}
+	stopProf, err := startProfiles(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "stackdemo perf:", err)
+		return exitConfig
+	}
 	res, err := run(o, stderr)
+	if perr := stopProf(); perr != nil && err == nil {
+		err = perr
+	}
 	if err != nil {
 		var ce *stack.ConfigError
 		fmt.Fprintln(stderr, "stackdemo perf:", err)
@@ -248,6 +261,38 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// startProfiles starts the CPU profile of -cpuprofile; the function it
+// returns stops it and writes the allocation profile of -memprofile.
+func startProfiles(o perfOptions) (func() error, error) {
+	var cpu *os.File
+	if o.cpuProf != "" {
+		f, err := os.Create(o.cpuProf)
+		if err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		cpu = f
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			errs = append(errs, cpu.Close())
+		}
+		if o.memProf != "" {
+			f, err := os.Create(o.memProf)
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("-memprofile: %w", err))...)
+			}
+			errs = append(errs, pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
+		}
+		return errors.Join(errs...)
+	}, nil
 }
 
 // perfVars keeps the run on this host and away from other programs: a
