@@ -8,19 +8,30 @@ import "time"
 // storm: while the progress mark stays put, the wait doubles, up to 16
 // intervals. Reliable protocols keep one per peer. The zero value is ready.
 type Pacer struct {
-	at   time.Time
-	mark uint64
-	wait time.Duration
+	at    time.Time
+	mark  uint64
+	wait  time.Duration
+	first bool // the first request for mark is still to go
 }
 
 // Due reports whether a request may go out at now, given a progress mark
-// (such as the highest delivered seqno), and records it if so.
-func (p *Pacer) Due(now time.Time, mark uint64, interval time.Duration) bool {
+// (such as the highest delivered seqno), and records it if so. The first
+// request for a new mark goes out once the mark has stayed put for first
+// (at once if first is 0): a gap that a reordered message fills meanwhile
+// costs no request, and a real loss is repaired after first rather than
+// after a whole interval. Later ones follow interval apart, then back off.
+func (p *Pacer) Due(now time.Time, mark uint64, first, interval time.Duration) bool {
 	switch {
 	case mark != p.mark || p.wait == 0:
 		p.mark, p.wait = mark, interval
+		if first > 0 {
+			p.at, p.wait, p.first = now, first, true
+			return false
+		}
 	case now.Sub(p.at) < p.wait:
 		return false
+	case p.first:
+		p.first, p.wait = false, interval
 	default:
 		p.wait = min(2*p.wait, 16*interval)
 	}

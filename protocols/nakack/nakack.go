@@ -18,12 +18,18 @@ import (
 
 // Config configures NAKACK.
 type Config struct {
-	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask for missing messages (and idle senders announce their highest seqno)"`
+	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask again for missing messages, backing off (the first request goes xmit_interval/10 after the gap appears), and idle senders announce their highest seqno"`
 	MaxXmitReq   int           `toml:"max_xmit_req" doc:"most missing seqnos asked for in one XMIT_REQ"`
 }
 
 // DefaultConfig returns NAKACK's defaults.
 func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 256} }
+
+// firstXmit is how long a gap must stay before the first request for it,
+// and how often xmitTask looks for gaps: on a LAN a lost datagram is
+// repaired in tens of milliseconds, while the sender's flow-control credits
+// wait for it, rather than after a whole xmit_interval.
+func (c *Config) firstXmit() time.Duration { return max(c.XmitInterval/10, time.Millisecond) }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -55,7 +61,8 @@ type NAKACK struct {
 	view     *stack.View
 	seqno    uint64 // last seqno this member sent
 	lastSent uint64 // seqno at the previous xmit run, for HIGHEST_SEQNO
-	lastTick uint64 // seqno at the previous xmit run, for own messages whose loopback was lost
+	lastTick uint64 // seqno at the previous whole-interval run, for own messages whose loopback was lost
+	lastRun  time.Time // the previous whole-interval run of xmitTask
 	backoff  time.Duration
 	lastHS   time.Time
 	waiting  int           // goroutines in WaitDelivered
@@ -114,7 +121,7 @@ func (n *NAKACK) Start() error {
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
 	n.seqno, n.lastSent, n.lastTick, n.view = 0, 0, 0, nil
 	n.mu.Unlock()
-	n.GoEvery(n.cfg.XmitInterval, n.xmitTask)
+	n.GoEvery(n.cfg.firstXmit(), n.xmitTask)
 	return nil
 }
 
@@ -633,7 +640,7 @@ func (n *NAKACK) xmitTask() {
 		}
 	}
 	for src, t := range n.tables {
-		if src == self || t.hr <= t.hd || !t.xmit.Due(now, t.hd, n.cfg.XmitInterval) {
+		if src == self || t.hr <= t.hd || !t.xmit.Due(now, t.hd, n.cfg.firstXmit(), n.cfg.XmitInterval) {
 			continue
 		}
 		var missing []uint64
@@ -659,7 +666,16 @@ func (n *NAKACK) xmitTask() {
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
 	}
+	// The rest runs once per xmit_interval; gaps are looked for every
+	// firstXmit.
+	whole := now.Sub(n.lastRun) >= n.cfg.XmitInterval-n.cfg.firstXmit()/2
+	if whole {
+		n.lastRun = now
+	}
 	own := n.tables[self]
+	if !whole {
+		own = nil
+	}
 	// Own messages are delivered when the transport loops them back; one
 	// dropped on the way down (a lossy layer above the transport) would hold
 	// up every later one, so after a whole interval deliver it from here.
@@ -671,16 +687,18 @@ func (n *NAKACK) xmitTask() {
 			}
 		}
 	}
-	n.lastTick = n.seqno
-	if n.seqno != n.lastSent {
-		n.lastSent, n.backoff = n.seqno, 0
-	} else if n.seqno > 0 && own != nil && own.low <= n.seqno {
-		if n.backoff == 0 {
-			n.backoff = n.cfg.XmitInterval
-		}
-		if now.Sub(n.lastHS) >= n.backoff {
-			announce, n.lastHS = n.seqno, now
-			n.backoff = min(2*n.backoff, 64*n.cfg.XmitInterval)
+	if whole {
+		n.lastTick = n.seqno
+		if n.seqno != n.lastSent {
+			n.lastSent, n.backoff = n.seqno, 0
+		} else if n.seqno > 0 && own != nil && own.low <= n.seqno {
+			if n.backoff == 0 {
+				n.backoff = n.cfg.XmitInterval
+			}
+			if now.Sub(n.lastHS) >= n.backoff {
+				announce, n.lastHS = n.seqno, now
+				n.backoff = min(2*n.backoff, 64*n.cfg.XmitInterval)
+			}
 		}
 	}
 	n.mu.Unlock()

@@ -325,3 +325,29 @@ func TestHoldLeavesTheMembersOwnMulticastsAlone(t *testing.T) {
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 2 }, "released")
 	})
 }
+
+// TestGapIsRepairedWithinATenthOfXmitInterval: C loses A's multicast 3 of
+// 10. It asks for it once the gap has stayed xmit_interval/10, not after a
+// whole xmit_interval: on a LAN a datagram lost in a full socket buffer
+// holds up delivery from its sender (and so the sender's flow-control
+// credits) for tens of milliseconds, not half a second. Virtual time.
+func TestGapIsRepairedWithinATenthOfXmitInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(t, 3, 1)
+		synctest.Wait()
+		var dropped atomic.Bool
+		g.d[2].DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+			return ok && h.Type.String() == "MSG" && h.Seqno == 3 && dropped.CompareAndSwap(false, true)
+		})
+		start := time.Now()
+		for s := range 10 {
+			require.NoError(t, g.c.Channels[0].Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[2].Len() == 10 }, "C has every message")
+		require.True(t, dropped.Load())
+		require.LessOrEqual(t, time.Since(start), 3*nakCfg().XmitInterval/10, "repaired within a few tenths of xmit_interval")
+		require.Empty(t, g.c.Recv[2].CheckExactlyOnce(g.c.Addresses()[:1], 10, true))
+		require.EqualValues(t, 1, stacktest.Stat(t, g.nak[2], "xmit_reqs_sent"), "one request")
+	})
+}

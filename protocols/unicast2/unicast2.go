@@ -25,7 +25,7 @@ import (
 
 // Config configures UNICAST2.
 type Config struct {
-	XmitInterval     time.Duration `toml:"xmit_interval" doc:"how often receivers ask for missing messages and senders check for unacknowledged ones"`
+	XmitInterval     time.Duration `toml:"xmit_interval" doc:"how often receivers ask again for missing messages, backing off (the first request goes xmit_interval/10 after the gap appears), and senders resend unacknowledged ones"`
 	StableInterval   time.Duration `toml:"stable_interval" doc:"how often a receiver sends STABLE (highest delivered, highest received) to each sender"`
 	MaxStableMsgs    int           `toml:"max_stable_msgs" doc:"periodic STABLEs sent with unchanged values before a receiver stops repeating them"`
 	MaxBytes         stack.Size    `toml:"max_bytes" doc:"bytes received from a sender after which a STABLE is sent at once"`
@@ -43,6 +43,11 @@ func DefaultConfig() Config {
 		ConnExpiry: 2 * time.Minute, ConnCloseTimeout: 4 * time.Minute, SyncMinInterval: 2 * time.Second,
 	}
 }
+
+// firstXmit is how long a gap must stay before the first request for it,
+// and how often xmitTask runs: a datagram lost in a full socket buffer is
+// repaired in tens of milliseconds, while the sender's credits wait for it.
+func (c *Config) firstXmit() time.Duration { return max(c.XmitInterval/10, time.Millisecond) }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -171,7 +176,7 @@ func (u *Unicast2) Start() error {
 	clear(u.tombs)
 	clear(u.syncSent)
 	u.mu.Unlock()
-	u.GoEvery(u.cfg.XmitInterval, u.xmitTask)
+	u.GoEvery(u.cfg.firstXmit(), u.xmitTask)
 	u.GoEvery(u.cfg.StableInterval, func() { u.sendStables(false) })
 	return nil
 }
@@ -594,7 +599,7 @@ func (u *Unicast2) xmitTask() {
 			stables = append(stables, req{src, u.stableHeader(e)})
 		}
 		var missing []uint64
-		if e.highest >= e.next && !e.xmit.Due(now, e.next, u.cfg.XmitInterval) {
+		if e.highest >= e.next && !e.xmit.Due(now, e.next, u.cfg.firstXmit(), u.cfg.XmitInterval) {
 			continue
 		}
 		for s := e.next; s <= e.highest && len(missing) < u.cfg.MaxXmitReq; s++ {

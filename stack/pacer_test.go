@@ -1,0 +1,40 @@
+package stack
+
+import (
+	"testing"
+	"time"
+)
+
+// TestPacer: the first request for a new mark waits first, the next follow
+// interval apart and back off while the mark stays put; a new mark starts
+// over.
+func TestPacer(t *testing.T) {
+	const first, interval = 10 * time.Millisecond, 100 * time.Millisecond
+	t0 := time.Unix(0, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var p Pacer
+	steps := []struct {
+		now  time.Duration
+		mark uint64
+		want bool
+	}{
+		{0, 5, false},                    // a new gap: wait first
+		{5 * time.Millisecond, 5, false}, // not yet
+		{10 * time.Millisecond, 5, true}, // first request
+		{50 * time.Millisecond, 5, false},
+		{110 * time.Millisecond, 5, true},  // interval later
+		{250 * time.Millisecond, 5, false}, // backing off: 200ms now
+		{310 * time.Millisecond, 5, true},
+		{320 * time.Millisecond, 6, false}, // progress: a new mark waits first again
+		{330 * time.Millisecond, 6, true},
+	}
+	for i, s := range steps {
+		if got := p.Due(at(s.now), s.mark, first, interval); got != s.want {
+			t.Fatalf("step %d (%v, mark %d): Due = %v, want %v", i, s.now, s.mark, got, s.want)
+		}
+	}
+	var q Pacer
+	if !q.Due(t0, 1, 0, interval) {
+		t.Fatal("with first = 0 the first request goes at once")
+	}
+}
