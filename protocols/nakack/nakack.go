@@ -59,9 +59,9 @@ type NAKACK struct {
 	mu       sync.Mutex
 	tables   map[stack.Address]*table
 	view     *stack.View
-	seqno    uint64 // last seqno this member sent
-	lastSent uint64 // seqno at the previous xmit run, for HIGHEST_SEQNO
-	lastTick uint64 // seqno at the previous whole-interval run, for own messages whose loopback was lost
+	seqno    uint64    // last seqno this member sent
+	lastSent uint64    // seqno at the previous xmit run, for HIGHEST_SEQNO
+	lastTick uint64    // seqno at the previous whole-interval run, for own messages whose loopback was lost
 	lastRun  time.Time // the previous whole-interval run of xmitTask
 	backoff  time.Duration
 	lastHS   time.Time
