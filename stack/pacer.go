@@ -19,7 +19,11 @@ type Pacer struct {
 // request for a new mark goes out once the mark has stayed put for first
 // (at once if first is 0): a gap that a reordered message fills meanwhile
 // costs no request, and a real loss is repaired after first rather than
-// after a whole interval. Later ones follow interval apart, then back off.
+// after a whole interval. Later ones back off from there: 2, 4, 8 times
+// first and so on, up to 16 intervals (a retransmission lost in the same
+// full socket buffer is asked for again soon; a sender that is gone is
+// not asked every interval). With first 0, the first request goes at once
+// and the next follow interval, 2 intervals, and so on.
 func (p *Pacer) Due(now time.Time, mark uint64, first, interval time.Duration) bool {
 	switch {
 	case mark != p.mark || p.wait == 0:
@@ -31,7 +35,7 @@ func (p *Pacer) Due(now time.Time, mark uint64, first, interval time.Duration) b
 	case now.Sub(p.at) < p.wait:
 		return false
 	case p.first:
-		p.first, p.wait = false, interval
+		p.first, p.wait = false, min(2*p.wait, 16*interval)
 	default:
 		p.wait = min(2*p.wait, 16*interval)
 	}

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// TestPacer: the first request for a new mark waits first, the next follow
-// interval apart and back off while the mark stays put; a new mark starts
-// over.
+// TestPacer: the first request for a new mark waits first, the next back
+// off from there (2, 4, 8 times first) while the mark stays put; a new
+// mark starts over.
 func TestPacer(t *testing.T) {
 	const first, interval = 10 * time.Millisecond, 100 * time.Millisecond
 	t0 := time.Unix(0, 0)
@@ -18,15 +18,16 @@ func TestPacer(t *testing.T) {
 		mark uint64
 		want bool
 	}{
-		{0, 5, false},                    // a new gap: wait first
-		{5 * time.Millisecond, 5, false}, // not yet
-		{10 * time.Millisecond, 5, true}, // first request
-		{50 * time.Millisecond, 5, false},
-		{110 * time.Millisecond, 5, true},  // interval later
-		{250 * time.Millisecond, 5, false}, // backing off: 200ms now
-		{310 * time.Millisecond, 5, true},
-		{320 * time.Millisecond, 6, false}, // progress: a new mark waits first again
-		{330 * time.Millisecond, 6, true},
+		{0, 5, false},                     // a new gap: wait first
+		{5 * time.Millisecond, 5, false},  // not yet
+		{10 * time.Millisecond, 5, true},  // first request
+		{25 * time.Millisecond, 5, false}, // backing off from first: 20ms
+		{30 * time.Millisecond, 5, true},
+		{60 * time.Millisecond, 5, false}, // 40ms
+		{70 * time.Millisecond, 5, true},
+		{150 * time.Millisecond, 5, true},  // 80ms
+		{160 * time.Millisecond, 6, false}, // progress: a new mark waits first again
+		{170 * time.Millisecond, 6, true},
 	}
 	for i, s := range steps {
 		if got := p.Due(at(s.now), s.mark, first, interval); got != s.want {

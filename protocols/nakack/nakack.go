@@ -18,7 +18,7 @@ import (
 
 // Config configures NAKACK.
 type Config struct {
-	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask again for missing messages, backing off (the first request goes xmit_interval/10 after the gap appears), and idle senders announce their highest seqno"`
+	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask again for missing messages, backing off (the first request goes xmit_interval/50 after the gap appears), and idle senders announce their highest seqno"`
 	MaxXmitReq   int           `toml:"max_xmit_req" doc:"most missing seqnos asked for in one XMIT_REQ"`
 }
 
@@ -26,10 +26,10 @@ type Config struct {
 func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 256} }
 
 // firstXmit is how long a gap must stay before the first request for it,
-// and how often xmitTask looks for gaps: on a LAN a lost datagram is
-// repaired in tens of milliseconds, while the sender's flow-control credits
-// wait for it, rather than after a whole xmit_interval.
-func (c *Config) firstXmit() time.Duration { return max(c.XmitInterval/10, time.Millisecond) }
+// and how often gapWatch looks while there is one: on a LAN a lost datagram
+// is repaired in about ten milliseconds, while the sender's flow-control
+// credits wait for it, rather than after a whole xmit_interval.
+func (c *Config) firstXmit() time.Duration { return max(c.XmitInterval/50, time.Millisecond) }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -59,10 +59,10 @@ type NAKACK struct {
 	mu       sync.Mutex
 	tables   map[stack.Address]*table
 	view     *stack.View
-	seqno    uint64    // last seqno this member sent
-	lastSent uint64    // seqno at the previous xmit run, for HIGHEST_SEQNO
-	lastTick uint64    // seqno at the previous whole-interval run, for own messages whose loopback was lost
-	lastRun  time.Time // the previous whole-interval run of xmitTask
+	seqno    uint64        // last seqno this member sent
+	lastSent uint64        // seqno at the previous xmit run, for HIGHEST_SEQNO
+	lastTick uint64        // seqno at the previous whole-interval run, for own messages whose loopback was lost
+	gapKick  chan struct{} // a gap appeared: wakes gapWatch
 	backoff  time.Duration
 	lastHS   time.Time
 	waiting  int           // goroutines in WaitDelivered
@@ -107,7 +107,9 @@ type entry struct {
 var _ stack.Protocol = (*NAKACK)(nil)
 
 // New returns a NAKACK layer.
-func New(cfg Config) *NAKACK { return &NAKACK{cfg: cfg, tables: map[stack.Address]*table{}} }
+func New(cfg Config) *NAKACK {
+	return &NAKACK{cfg: cfg, tables: map[stack.Address]*table{}, gapKick: make(chan struct{}, 1)}
+}
 
 // Name returns "NAKACK".
 func (n *NAKACK) Name() string { return "NAKACK" }
@@ -121,8 +123,43 @@ func (n *NAKACK) Start() error {
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
 	n.seqno, n.lastSent, n.lastTick, n.view = 0, 0, 0, nil
 	n.mu.Unlock()
-	n.GoEvery(n.cfg.firstXmit(), n.xmitTask)
+	n.GoEvery(n.cfg.XmitInterval, func() { n.xmitTask(true) })
+	n.Go(n.gapWatch)
 	return nil
+}
+
+// kickGaps wakes gapWatch: a gap appeared.
+func (n *NAKACK) kickGaps() {
+	select {
+	case n.gapKick <- struct{}{}:
+	default:
+	}
+}
+
+// gapWatch asks for missing messages every firstXmit while some sender's
+// table has a gap, and sleeps while none has: a datagram lost in a full
+// socket buffer holds up its sender's later messages, and with them the
+// flow-control credits the sender waits for, so it is asked for within
+// tens of milliseconds, not at the next xmit_interval. addLocked wakes it
+// when a gap appears.
+func (n *NAKACK) gapWatch(done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-n.gapKick:
+		}
+		t := time.NewTicker(n.cfg.firstXmit())
+		for gaps := true; gaps; gaps = n.xmitTask(false) {
+			select {
+			case <-done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		t.Stop()
+	}
 }
 
 func newTable(hd uint64) *table {
@@ -244,6 +281,7 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 				n.st.tooFar.Add(1)
 			} else {
 				t.hr = h.Seqno
+				n.kickGaps()
 			}
 		}
 		n.mu.Unlock()
@@ -324,6 +362,9 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	case e == nil:
 		e = &entry{m: m, arrived: true}
 		t.msgs[seq] = e
+		if seq > t.hr+1 && m.Src != self {
+			n.kickGaps()
+		}
 		t.hr = max(t.hr, seq)
 		t.bytes += int64(len(m.Payload))
 	case e.m == nil:
@@ -453,6 +494,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 			goal := max(e.HighestReceived, e.HighestDelivered)
 			if goal > t.hr && e.Member != self {
 				t.hr = goal // the retransmission task asks for the gap
+				n.kickGaps()
 			}
 			if t.hd < goal || t.removing {
 				ready = false
@@ -619,9 +661,11 @@ func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 }
 
 // xmitTask asks for missing messages (from the original sender, or any
-// member if it is gone) and lets receivers learn this member's highest
-// seqno when it has not sent since the last run.
-func (n *NAKACK) xmitTask() {
+// member if it is gone), paced per sender; with whole (once per
+// xmit_interval) it also lets receivers learn this member's highest seqno
+// when it has not sent since the last run. It reports whether a gap is
+// left.
+func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 	self := n.LocalAddress()
 	type req struct {
 		to stack.Address
@@ -640,7 +684,11 @@ func (n *NAKACK) xmitTask() {
 		}
 	}
 	for src, t := range n.tables {
-		if src == self || t.hr <= t.hd || !t.xmit.Due(now, t.hd, n.cfg.firstXmit(), n.cfg.XmitInterval) {
+		if src == self || t.hr <= t.hd {
+			continue
+		}
+		gaps = true
+		if !t.xmit.Due(now, t.hd, n.cfg.firstXmit(), n.cfg.XmitInterval) {
 			continue
 		}
 		var missing []uint64
@@ -665,12 +713,6 @@ func (n *NAKACK) xmitTask() {
 			to = others[n.Rand().IntN(len(others))]
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
-	}
-	// The rest runs once per xmit_interval; gaps are looked for every
-	// firstXmit.
-	whole := now.Sub(n.lastRun) >= n.cfg.XmitInterval-n.cfg.firstXmit()/2
-	if whole {
-		n.lastRun = now
 	}
 	own := n.tables[self]
 	if !whole {
@@ -712,6 +754,7 @@ func (n *NAKACK) xmitTask() {
 	if recoverOwn {
 		n.deliverFrom(self)
 	}
+	return gaps
 }
 
 // DownEvent handles views, digests and stability.
