@@ -54,6 +54,22 @@ func events(c *stacktest.Collector) []groupfc.Event {
 	return out
 }
 
+// downAt waits until col has a DOWN event for member and returns it.
+func downAt(t *testing.T, col *stacktest.Collector, member stack.Address) groupfc.Event {
+	t.Helper()
+	var down groupfc.Event
+	stacktest.WaitFor(t, time.Minute, func() bool {
+		for _, ev := range events(col) {
+			if !ev.Up && ev.Member == member {
+				down = ev
+				return true
+			}
+		}
+		return false
+	}, "%s is DOWN", member)
+	return down
+}
+
 func payloads(c *stacktest.Collector) []string {
 	var out []string
 	for _, m := range c.Messages() {
@@ -450,19 +466,8 @@ func TestLostLeaveStillArrivesBeforeTheLeaverStops(t *testing.T) {
 		require.NoError(t, c.Channels[2].Disconnect(t.Context()))
 		require.True(t, lost.Load(), "the first LEAVE to A was lost")
 		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0], c.Channels[1])
-		stacktest.WaitFor(t, time.Minute, func() bool {
-			for _, ev := range events(c.Recv[0]) {
-				if !ev.Up && ev.Member == addrs[2] {
-					return true
-				}
-			}
-			return false
-		}, "C is DOWN at A")
-		for _, ev := range events(c.Recv[0]) {
-			if !ev.Up && ev.Member == addrs[2] {
-				require.True(t, ev.Graceful, "C left; it was not lost")
-			}
-		}
+		downAt(t, c.Recv[0], addrs[2])
+		require.True(t, downAt(t, c.Recv[0], addrs[2]).Graceful, "C left; it was not lost")
 		require.Contains(t, payloads(c.Recv[0]), "last")
 	})
 }
@@ -567,15 +572,8 @@ func TestLeaverWaitsUntilEveryMemberHasWhatItSent(t *testing.T) {
 		cut.Store(false)
 		require.NoError(t, <-left)
 		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[1]), c.Channels[0], c.Channels[1])
-		stacktest.WaitFor(t, time.Minute, func() bool {
-			for _, ev := range events(c.Recv[0]) {
-				if !ev.Up && ev.Member == addrs[2] {
-					return true
-				}
-			}
-			return false
-		}, "C is DOWN at A")
+		downAt(t, c.Recv[0], addrs[2])
 		require.Contains(t, payloads(c.Recv[0]), "last")
-		require.Contains(t, events(c.Recv[0]), groupfc.Event{Member: addrs[2], Instance: 0, Up: false, Graceful: true}, "C left; it was not lost")
+		require.True(t, downAt(t, c.Recv[0], addrs[2]).Graceful, "C left; it was not lost")
 	})
 }
