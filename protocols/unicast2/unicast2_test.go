@@ -499,3 +499,28 @@ func TestReceiverAcknowledgesWithinXmitInterval(t *testing.T) {
 		require.Zero(t, stacktest.Stat(t, p.u[0], "retransmissions"), "nothing was resent")
 	})
 }
+
+// TestGapIsRepairedWithinATenthOfXmitInterval: B loses A's message 3 of
+// 10 once. B asks for it once the gap has stayed xmit_interval/10, not at
+// its next xmit_interval: a lost datagram holds up every later message
+// from A (and A's flow-control credits) for tens of milliseconds, not half
+// a second. Virtual time.
+func TestGapIsRepairedWithinATenthOfXmitInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		p := newPair(t, 1, cfg, false, nil)
+		p.sendRange(t, 0, 0) // the connection is open
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 1 }, "the first message")
+		var dropped atomic.Bool
+		p.d[1].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			return h != nil && h.Type == 0 && h.Seqno == 3 && dropped.CompareAndSwap(false, true)
+		})
+		start := time.Now()
+		p.sendRange(t, 1, 9)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 10 }, "B has every message")
+		require.True(t, dropped.Load())
+		require.LessOrEqual(t, time.Since(start), 3*cfg.XmitInterval/10, "repaired within a few tenths of xmit_interval")
+		require.Empty(t, p.c.Recv[1].CheckExactlyOnce([]stack.Address{p.aa}, 10, true))
+	})
+}
