@@ -485,12 +485,19 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		g.flushFailures.Add(1)
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
 	}
+	var excluded []stack.Address
 	if fr, ok := res.(stack.FlushResult); ok && len(fr.Without) > 0 {
 		// The flush went on without members that did not answer: they were
 		// unblocked, may have sent since, and are not in the cut the others
 		// agreed on. Keeping them would let the others deliver those
 		// messages in the new view; they are excluded, and merge back.
-		members := slices.DeleteFunc(slices.Clone(nv.Members), func(a stack.Address) bool { return slices.Contains(fr.Without, a) })
+		members := slices.DeleteFunc(slices.Clone(nv.Members), func(a stack.Address) bool {
+			if slices.Contains(fr.Without, a) {
+				excluded = append(excluded, a)
+				return true
+			}
+			return false
+		})
 		if len(members) != len(nv.Members) {
 			g.Log().Warn("excluding members the flush went on without", "view", nv, "excluded", fr.Without)
 			g.flushExclusions.Add(int64(len(nv.Members) - len(members)))
@@ -507,6 +514,12 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		if m != self {
 			expect[m] = true
 		}
+	}
+	// An excluded member is told too, as reliably as the members: until it
+	// knows, its NAKACK holds the others' next messages, which it could
+	// only deliver in the old view. It acknowledges and goes on alone.
+	for _, m := range excluded {
+		expect[m] = true
 	}
 	aw := &ackWait{id: nv.ID, missing: expect, done: make(chan struct{})}
 	g.mu.Lock()
@@ -723,8 +736,12 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d nakack.Digest) {
 			g.leftGroup()
 			return
 		}
-		// Excluded (suspected while alive): carry on alone; MERGE3 brings
-		// this member back.
+		// Excluded (suspected while alive, or left out of a flush): say
+		// so to the coordinator, which waits for it, and carry on alone;
+		// MERGE3 brings this member back.
+		if !v.IsMerge() {
+			g.send(src, &Header{Type: typeViewAck, ViewID: v.ID})
+		}
 		g.Log().Warn("excluded from the view; continuing as a group of one until a merge", "view", v)
 		g.install(stack.NewView(self, v.ID.Seq+1, self), nil)
 		return
