@@ -714,26 +714,21 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
 	}
-	own := n.tables[self]
-	if !whole {
-		own = nil
-	}
-	// Own messages are delivered when the transport loops them back; one
-	// dropped on the way down (a lossy layer above the transport) would hold
-	// up every later one, so after a whole interval deliver it from here.
 	recoverOwn := false
-	if own != nil {
+	if own := n.tables[self]; whole && own != nil {
+		// Own messages are delivered when the transport loops them back;
+		// one dropped on the way down (a lossy layer above the transport)
+		// would hold up every later one, so after a whole interval deliver
+		// it from here.
 		for s := own.hd + 1; s <= n.lastTick; s++ {
 			if e := own.msgs[s]; e != nil && !e.arrived {
 				e.arrived, recoverOwn = true, true
 			}
 		}
-	}
-	if whole {
 		n.lastTick = n.seqno
 		if n.seqno != n.lastSent {
 			n.lastSent, n.backoff = n.seqno, 0
-		} else if n.seqno > 0 && own != nil && own.low <= n.seqno {
+		} else if n.seqno > 0 && own.low <= n.seqno {
 			if n.backoff == 0 {
 				n.backoff = n.cfg.XmitInterval
 			}
