@@ -11,10 +11,20 @@ import (
 	"sync/atomic"
 )
 
-// Receiver gets what a channel delivers. Callbacks run on the stack's
-// delivery goroutines: Receive concurrently for different senders (and for
-// OOB messages), so it must be safe for concurrent use. A callback that
-// blocks holds up that sender's regular messages, nothing else.
+// Receiver gets what a channel delivers. Receive runs on the stack's
+// delivery goroutines, concurrently for different senders (and for OOB
+// messages), so it must be safe for concurrent use; one that blocks holds up
+// that sender's regular messages, nothing else. ViewAccepted (and Block and
+// Unblock, see Blocker) run one at a time, in order, on the channel's
+// callback goroutine: the membership protocol does not wait for them, so a
+// view callback that blocks holds back only this member's later callbacks
+// and its deliveries (a message reaches Receive after the ViewAccepted of
+// every view installed before it has returned), never the group.
+//
+// A callback may call anything on the channel: Send (which may wait for
+// flow control, as anywhere), StartFlush and StopFlush, GetState,
+// Disconnect and Close. Disconnect and Close from a callback leave the group
+// and return; the stack's goroutines end once the callback has returned.
 type Receiver interface {
 	Receive(m *Message)
 	ViewAccepted(v *View)
@@ -26,9 +36,10 @@ type BatchReceiver interface {
 }
 
 // Blocker is implemented by receivers that want to know when a flush blocks
-// and unblocks the group's sends. Both are notices, delivered in order on
-// FLUSH's own goroutine: the flush does not wait for them (multicasts wait
-// at FLUSH's gate whatever Block does), so they may block or start a flush.
+// and unblocks the group's sends. Both are notices, delivered in order with
+// the views on the channel's callback goroutine: the flush does not wait for
+// them (multicasts wait at FLUSH's gate whatever Block does), so they may
+// block or start a flush.
 type Blocker interface {
 	Block()
 	Unblock()
@@ -82,6 +93,12 @@ type Channel struct {
 	recv      atomic.Pointer[receiverBox]
 	view      atomic.Pointer[View]
 	everConn  bool
+
+	cb *callbacks
+	// stops counts the stack stops a callback's Disconnect or Close left to
+	// finish after it returns; Connect and Close wait for them.
+	stops    sync.WaitGroup
+	stopping atomic.Int32
 }
 
 type receiverBox struct{ r Receiver }
@@ -108,7 +125,7 @@ func NewChannel(protos []Protocol, opts ...Option) (*Channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Channel{st: st}
+	c := &Channel{st: st, cb: newCallbacks()}
 	st.top.ch = c
 	for _, o := range opts {
 		o(c)
@@ -235,6 +252,13 @@ func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
 	if cluster == "" || len(cluster) > MaxClusterName {
 		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
 	}
+	if c.stopping.Load() > 0 {
+		if inCallback() {
+			// The stop of the last connection waits for this callback.
+			return fmt.Errorf("strata: connect to %s: %w", cluster, ErrWouldDeadlock)
+		}
+		c.stops.Wait()
+	}
 	c.mu.Lock()
 	switch c.state {
 	case chClosed:
@@ -270,12 +294,16 @@ func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
 		}
 		c.connected.Store(false)
 		c.st.Stop()
+		c.cb.wait()
 		c.view.Store(nil)
 		c.state = chOpen
 		return fmt.Errorf("strata: connect to %s: %w", cluster, err)
 	}
-	c.state = chConnected
-	c.connected.Store(true)
+	if c.state == chConnecting {
+		c.state = chConnected
+		c.connected.Store(true)
+	}
+	// Otherwise the first ViewAccepted has already disconnected.
 	return nil
 }
 
@@ -307,24 +335,47 @@ func (c *Channel) isClosed() bool {
 }
 
 // Disconnect leaves the cluster gracefully and stops the stack; the channel
-// can Connect again (with a new address).
+// can Connect again (with a new address). It returns once the stack's
+// goroutines are gone, callbacks included; called from a callback, it
+// returns once the member has left, and the stack stops when the callback
+// returns.
 func (c *Channel) Disconnect(ctx context.Context) error {
 	c.mu.Lock()
 	if c.state != chConnected {
 		c.mu.Unlock()
+		if !inCallback() {
+			c.stops.Wait()
+		}
 		return nil
 	}
 	c.state = chOpen
 	c.mu.Unlock()
 	_, err := c.st.DownEvent(ctx, Ev(EvDisconnect, nil))
 	c.connected.Store(false)
-	c.st.Stop()
-	c.view.Store(nil)
+	if inCallback() {
+		c.stopping.Add(1)
+		c.stops.Go(func() {
+			defer c.stopping.Add(-1)
+			c.stop()
+		})
+		return err
+	}
+	c.stop()
 	return err
 }
 
+// stop stops the stack and waits for its goroutines and the callbacks
+// queued before.
+func (c *Channel) stop() {
+	c.st.Stop()
+	c.cb.wait()
+	c.view.Store(nil)
+}
+
 // Close disconnects if needed and releases the stack. It returns when every
-// goroutine of the stack has exited (receiver callbacks included).
+// goroutine of the stack has exited (receiver callbacks included); called
+// from a callback, it returns after leaving the group, and the stack is
+// released once the callback has returned.
 func (c *Channel) Close() error {
 	err := c.Disconnect(context.Background())
 	c.mu.Lock()
@@ -334,6 +385,18 @@ func (c *Channel) Close() error {
 	}
 	c.state = chClosed
 	c.mu.Unlock()
+	if inCallback() {
+		c.stopping.Add(1)
+		c.stops.Go(func() {
+			defer c.stopping.Add(-1)
+			c.cb.wait()
+			if cerr := c.st.Close(); cerr != nil {
+				c.st.Logger().Warn("close", "err", cerr)
+			}
+		})
+		return err
+	}
+	c.stops.Wait()
 	return errors.Join(err, c.st.Close())
 }
 
@@ -385,16 +448,28 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 func (c *Channel) Stats() []ProtocolStats { return c.st.Stats() }
 
 func (c *Channel) receive(m *Message) {
+	if rc := m.receipt; rc != nil {
+		rc.take()
+	}
 	if r := c.receiver(); r != nil {
+		c.cb.awaitViews()
 		r.Receive(m)
 	}
 }
 
 func (c *Channel) receiveBatch(bt *Batch) {
+	var last *Receipt
+	for _, m := range bt.Msgs {
+		if rc := m.receipt; rc != nil && rc != last {
+			rc.take()
+			last = rc
+		}
+	}
 	r := c.receiver()
 	if r == nil {
 		return
 	}
+	c.cb.awaitViews()
 	if br, ok := r.(BatchReceiver); ok {
 		br.ReceiveBatch(bt)
 		return
@@ -414,10 +489,19 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		}
 		c.view.Store(v)
 		// A member may send as soon as it has a view, also from the
-		// ViewAccepted callback of its first view, inside Connect.
+		// ViewAccepted callback of its first view, which may run before
+		// Connect returns.
+		c.mu.Lock()
+		if c.state == chConnecting {
+			c.state = chConnected
+		}
+		c.mu.Unlock()
 		c.connected.Store(true)
 		if r != nil {
-			r.ViewAccepted(v)
+			c.cb.do(func() {
+				defer c.cb.viewDone()
+				r.ViewAccepted(v)
+			}, true)
 		}
 	case EvProvideState, EvApplyState:
 		sh, ok := r.(StateHandler)
@@ -433,11 +517,11 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		return nil, fmt.Errorf("strata: %s with %T", ev.Type, ev.Arg)
 	case EvBlock:
 		if b, ok := r.(Blocker); ok {
-			b.Block()
+			c.cb.do(b.Block, false)
 		}
 	case EvUnblock:
 		if b, ok := r.(Blocker); ok {
-			b.Unblock()
+			c.cb.do(b.Unblock, false)
 		}
 	}
 	return nil, nil

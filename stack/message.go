@@ -130,7 +130,42 @@ type Message struct {
 	nh        uint8
 	hdrs      [inlineHeaders]hdrEntry
 	more      []hdrEntry
+	receipt   *Receipt
 }
+
+// Receipt tells a layer that passes messages up when they have reached
+// the application: the channel marks it as a message arrives, before the
+// callback runs. NAKACK uses it so that a flush waits for the messages on
+// their way up the stack, never for what the application does with them.
+type Receipt struct {
+	taken  atomic.Bool
+	notify func()
+}
+
+// NewReceipt returns a receipt that calls notify (if not nil) when it is
+// first marked after a Reset.
+func NewReceipt(notify func()) *Receipt { return &Receipt{notify: notify} }
+
+// Reset clears the mark before the receipt goes out with new messages.
+func (r *Receipt) Reset() { r.taken.Store(false) }
+
+// Taken reports whether a message carrying r has reached the application
+// since the last Reset.
+func (r *Receipt) Taken() bool { return r.taken.Load() }
+
+func (r *Receipt) take() {
+	if !r.taken.Load() && r.taken.CompareAndSwap(false, true) && r.notify != nil {
+		r.notify()
+	}
+}
+
+// SetReceipt attaches r to m, to be marked when m reaches the application
+// (see Receipt). Copies of m do not carry it; a layer that replaces m by
+// another message (FRAG's reassembly) passes it on.
+func (m *Message) SetReceipt(r *Receipt) { m.receipt = r }
+
+// Receipt returns the receipt attached to m, if any.
+func (m *Message) Receipt() *Receipt { return m.receipt }
 
 // NewMessage returns a message to dest (zero: the group) with payload.
 func NewMessage(dest Address, payload []byte) *Message {

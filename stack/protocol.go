@@ -66,6 +66,10 @@ var (
 	// ErrNotSupported: a layer cannot do what an event asks (for example
 	// EvSendToPhysical on a transport without network addresses).
 	ErrNotSupported = errors.New("strata: not supported by this stack")
+	// ErrWouldDeadlock: a call from inside a callback waits for something
+	// only that callback's return can bring about, so it is refused rather
+	// than left to hang.
+	ErrWouldDeadlock = errors.New("strata: would deadlock: called from a callback that it would wait for")
 	// ErrAuthFailed: the group refused this member's proof that it knows
 	// the group secret (AUTH).
 	ErrAuthFailed = errors.New("authentication failed")

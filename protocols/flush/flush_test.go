@@ -236,11 +236,15 @@ func TestJoinerConnectsIntoAGroupWhereEveryoneCanSend(t *testing.T) {
 // of seeds/flush-hangs.txt: A runs, B joins; B sends A a unicast as soon as
 // it has its view (A is still blocked in the join's flush); A answers from
 // its receive callback with a multicast, which waits in FLUSH; A completes
-// the flush. Nothing may hang and every message is delivered.
+// the flush. Nothing may hang and every message is delivered. A third
+// member, C, keeps A's flush open: its VIEW_ACK is lost until A has served
+// the request (B's own ack goes before the request on B's ordered link to
+// A, so holding it would hold the request too).
 func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
 	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
 		l := newLab(t, seed)
-		a := l.start(1)[0]
+		ms := l.start(2)
+		a, c := ms[0], ms[1] // A is the coordinator, which runs the join's flush
 		var aBlocked, served atomic.Bool
 		a.r.OnMsg = func(m *stack.Message) {
 			if string(m.Payload) == "STATE_REQ" {
@@ -259,14 +263,14 @@ func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
 		var sendErr error
 		bRecv.OnMsg = nil
 		b.Ch.SetReceiver(&viewHook{receiver: bRecv, onView: func(v *stack.View) {
-			if v.Size() == 2 {
+			if v.Size() == 3 {
 				asked.Do(func() { sendErr = b.Ch.SendTo(context.Background(), a.Addr(), []byte("STATE_REQ")) })
 			}
 		}})
-		// The request reaches A while A still waits for B's view ack (lost
+		// The request reaches A while A still waits for C's view ack (lost
 		// until A has served the request), that is, inside the join's flush.
 		var dropped atomic.Bool
-		l.Net.SetLink(b.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+		l.Net.SetLink(c.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
 			h, ok := m.Header(stack.IDGMS).(*gms.Header)
 			if ok && h.Kind() == "VIEW_ACK" && !served.Load() {
 				dropped.Store(true)
@@ -278,13 +282,66 @@ func TestSeedHang1StateRequestServedInTheDeliveryGoroutine(t *testing.T) {
 		l.ConnectAll(b.Member)
 		stacktest.WaitFor(t, time.Minute, func() bool { return hasPayload(b.Col, "STATE_RSP") && hasPayload(a.Col, "STATE_RSP") }, "the answer arrives")
 		require.Less(t, time.Since(start), flush.DefaultConfig().Timeout, "no wait for FLUSH's safety timeout")
-		require.False(t, anyBlocked([]*member{a, b}))
-		require.Zero(t, stacktest.Stat(t, a.f, "safety_unblocks")+stacktest.Stat(t, b.f, "safety_unblocks"))
+		require.False(t, anyBlocked([]*member{a, b, c}))
+		require.Zero(t, stacktest.Stat(t, a.f, "safety_unblocks")+stacktest.Stat(t, b.f, "safety_unblocks")+stacktest.Stat(t, c.f, "safety_unblocks"))
 		require.NoError(t, sendErr)
 		require.True(t, aBlocked.Load(), "A was still blocked in the join's flush when B's request came")
-		// dropped tells whether B's VIEW_ACK had to be held back to get
-		// there; sometimes A serves the request before B even acks.
+		// dropped tells whether C's VIEW_ACK had to be held back to get
+		// there; sometimes A serves the request before C even acks.
 		t.Logf("VIEW_ACK held back: %t", dropped.Load())
+	})
+}
+
+// TestSeedHang1ServedOnTheCoordinatorsLane is the first hang where the lane
+// matters: the request A serves while blocked comes from the coordinator K
+// that runs the flush, so K's STOP_FLUSH arrives on the very link A's
+// callback holds up. K multicasts M as B joins; M reaches A only once A is
+// blocked in the join's flush (every copy before that is lost); A answers M
+// from Receive with a multicast, which waits in FLUSH. K's STOP_FLUSH must
+// still unblock A. As a regular message it would wait behind M, which
+// waits for the STOP_FLUSH, until FLUSH's safety timeout.
+func TestSeedHang1ServedOnTheCoordinatorsLane(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := newLab(t, seed)
+		ms := l.start(2)
+		k, a := ms[0], ms[1]
+		var aBlocked, served atomic.Bool
+		a.r.OnMsg = func(m *stack.Message) {
+			if string(m.Payload) == "M" {
+				aBlocked.Store(a.f.Blocked())
+				served.Store(true)
+				_ = a.Ch.Send(context.Background(), stack.NewMessage(stack.Address{}, []byte("ANSWER")))
+			}
+		}
+		var dropped atomic.Int32
+		l.Net.SetLink(k.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+			if string(m.Payload) == "M" && !a.f.Blocked() {
+				dropped.Add(1)
+				return true
+			}
+			return false
+		}})
+		b := l.add()
+		if regular, _ := strconv.ParseBool(os.Getenv("STRATA_FLUSH_REGULAR_STOP")); regular {
+			for _, m := range []*member{k, a, b} {
+				m.f.SetRegularStopForTest(true)
+			}
+		}
+		require.NoError(t, k.Ch.SendTo(t.Context(), stack.Address{}, []byte("M")))
+		start := time.Now()
+		l.ConnectAll(b.Member)
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return hasPayload(k.Col, "ANSWER") && hasPayload(a.Col, "ANSWER") && hasPayload(b.Col, "ANSWER")
+		}, "A's answer reaches every member")
+		require.Less(t, time.Since(start), flush.DefaultConfig().Timeout, "no wait for FLUSH's safety timeout")
+		require.True(t, served.Load())
+		require.True(t, aBlocked.Load(), "A got M while blocked in the join's flush")
+		require.Positive(t, dropped.Load())
+		all := []*member{k, a, b}
+		require.False(t, anyBlocked(all))
+		for _, m := range all {
+			require.Zero(t, stacktest.Stat(t, m.f, "safety_unblocks"), "member %s", m.Ch.Name())
+		}
 	})
 }
 

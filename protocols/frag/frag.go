@@ -219,6 +219,7 @@ func (f *FRAG) Up(m *stack.Message) {
 	whole := p.first.Copy()
 	whole.RemoveHeader(f.ID())
 	whole.Payload = buf
+	whole.SetReceipt(m.Receipt()) // the last fragment's: it completed the message
 	f.reassembled.Add(1)
 	f.PassUp(whole)
 }

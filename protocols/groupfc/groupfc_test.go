@@ -148,7 +148,9 @@ func (s *slowReceiver) Receive(m *stack.Message) {
 			s.onRead()
 		}
 		time.Sleep(s.delay)
-		s.n.Add(1)
+		// Count only once the collector has the message: a test that waits
+		// for the count then reads the collector.
+		defer s.n.Add(1)
 	}
 	s.Collector.Receive(m)
 }

@@ -65,7 +65,7 @@ type NAKACK struct {
 	gapKick  chan struct{} // a gap appeared: wakes gapWatch
 	backoff  time.Duration
 	lastHS   time.Time
-	waiting  int           // goroutines in WaitDelivered
+	waiting  atomic.Int32  // goroutines in WaitDelivered (changed under mu)
 	progress chan struct{} // closed (and replaced) when delivery moves on and someone waits
 
 	st stats
@@ -84,6 +84,9 @@ type table struct {
 	msgs        map[uint64]*entry
 	bytes       int64
 	removing    bool
+	// rc goes up with what the remover passes up; the channel marks it when
+	// they reach the application, so a flush need not wait for the callback.
+	rc          *stack.Receipt
 	xmit        stack.Pacer
 	asks        int    // requests since hd last moved
 	askedAt     uint64 // hd at the last request
@@ -387,9 +390,19 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	return true, nil
 }
 
+// receiptTaken wakes WaitDelivered callers when messages being delivered
+// reach the application.
+func (n *NAKACK) receiptTaken() {
+	if n.waiting.Load() > 0 {
+		n.mu.Lock()
+		n.signalLocked()
+		n.mu.Unlock()
+	}
+}
+
 // signalLocked wakes WaitDelivered callers; callers hold n.mu.
 func (n *NAKACK) signalLocked() {
-	if n.waiting > 0 {
+	if n.waiting.Load() > 0 {
 		close(n.progress)
 		n.progress = make(chan struct{})
 	}
@@ -496,7 +509,11 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 				t.hr = goal // the retransmission task asks for the gap
 				n.kickGaps()
 			}
-			if t.hd < goal || t.removing {
+			if t.hd < goal || t.removing && (t.rc == nil || !t.rc.Taken()) {
+				// Delivered up to goal, and what is on its way up the
+				// stack has reached the channel (not necessarily come
+				// back from the application: that may wait for the
+				// flush to end).
 				ready = false
 			}
 			if !ask || i >= len(rc.From) || rc.From[i] == self || rc.From[i].IsZero() || t.hd >= goal {
@@ -544,7 +561,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 		if n.progress == nil {
 			n.progress = make(chan struct{})
 		}
-		n.waiting++
+		n.waiting.Add(1)
 		ch := n.progress
 		n.mu.Unlock()
 		var err error
@@ -558,7 +575,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 			err = stack.ErrClosed
 		}
 		n.mu.Lock()
-		n.waiting--
+		n.waiting.Add(-1)
 		if err != nil {
 			var behind []string
 			for _, e := range rc.Target {
@@ -615,6 +632,13 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 			n.signalLocked()
 			n.mu.Unlock()
 			return
+		}
+		if t.rc == nil {
+			t.rc = stack.NewReceipt(n.receiptTaken)
+		}
+		t.rc.Reset()
+		for _, m := range msgs {
+			m.SetReceipt(t.rc)
 		}
 		n.mu.Unlock()
 		n.st.delivered.Add(int64(len(msgs)))
