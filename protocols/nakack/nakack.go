@@ -86,10 +86,10 @@ type table struct {
 	removing    bool
 	// rc goes up with what the remover passes up; the channel marks it when
 	// they reach the application, so a flush need not wait for the callback.
-	rc          *stack.Receipt
-	xmit        stack.Pacer
-	asks        int    // requests since hd last moved
-	askedAt     uint64 // hd at the last request
+	rc      *stack.Receipt
+	xmit    stack.Pacer
+	asks    int    // requests since hd last moved
+	askedAt uint64 // hd at the last request
 	// held: a flush before a view change holds this sender (one that does
 	// not take part in it) at limit, so that no member delivers more of its
 	// messages than the round agreed on. Cleared when the flush ends.
