@@ -35,11 +35,12 @@ type Config struct {
 	Loopback     bool          `toml:"loopback" doc:"receive own broadcasts and multicasts, and be a candidate for own anycasts"`
 	MemberEvents bool          `toml:"member_events" doc:"deliver member UP and DOWN events to the application, in order with the messages"`
 	MaxActive    int           `toml:"max_active" doc:"senders a receiver lets use the large window at once (0: TIPC's max(min((members+1)/8, 64), 16))"`
-	LeaveTimeout time.Duration `toml:"leave_timeout" doc:"how long a member that left the view with its LEAVE may take to deliver what it sent before it is given up; a leaver that waits longer for the members to confirm its LEAVE says so (it waits until they do, leave the view or its context ends)"`
+	LeaveTimeout time.Duration `toml:"leave_timeout" doc:"how long a member that left the view with its LEAVE may take to deliver what it sent before it is given up; a leaver that waits longer for the members to confirm its LEAVE says so (it waits until they do, leave the view, its context ends or max_leave_wait passes)"`
+	MaxLeaveWait time.Duration `toml:"max_leave_wait" doc:"the longest a leaver waits for the members to confirm its LEAVE; bounds the wait for a member that stopped without a word when no failure detection removes it from the view"`
 }
 
 // DefaultConfig returns GROUPFC's defaults.
-func DefaultConfig() Config { return Config{LeaveTimeout: 2 * time.Second} }
+func DefaultConfig() Config { return Config{LeaveTimeout: 2 * time.Second, MaxLeaveWait: 30 * time.Second} }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
@@ -48,6 +49,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_active", "must be 0 (automatic) or 1..4096, got %d", c.MaxActive)
 	case c.LeaveTimeout <= 0:
 		return stack.BadKey("leave_timeout", "must be > 0, got %s", c.LeaveTimeout)
+	case c.MaxLeaveWait < c.LeaveTimeout:
+		return stack.BadKey("max_leave_wait", "must be >= leave_timeout (%s), got %s", c.LeaveTimeout, c.MaxLeaveWait)
 	}
 	return nil
 }
@@ -487,13 +490,16 @@ func (p *GroupFC) Up(m *stack.Message) {
 		return
 	}
 	if p.g == nil {
-		p.mu.Unlock()
 		if h.Type == typeLeave {
 			// Leaving too: confirm, or two members that leave at once
-			// wait for each other.
+			// wait for each other; and stop waiting for the other's
+			// confirmation, which may have stopped once it had ours.
+			p.unawait(m.Src)
+			p.mu.Unlock()
 			p.sendOut([]protoMsg{{to: m.Src, h: &Header{Type: typeLeaveAck}}})
 			return
 		}
+		p.mu.Unlock()
 		p.dropped.Add(1)
 		return
 	}
@@ -611,7 +617,9 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			self := p.LocalAddress()
 			p.leaveWait, p.leaveDone = map[stack.Address]bool{}, make(chan struct{})
 			for a, m := range p.g.members {
-				if a != self && !m.deleted && (p.view == nil || p.view.Contains(a)) {
+				// Not a member that has left (its LEAVE came): it may
+				// have stopped.
+				if a != self && !m.deleted && !m.leave && (p.view == nil || p.view.Contains(a)) {
 					p.leaveWait[a] = true
 				}
 			}
@@ -631,13 +639,17 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			// stays up until every member has confirmed the LEAVE, which
 			// it does once it has everything before it, or has gone from
 			// the view (a crashed member is removed by failure
-			// detection), or ctx ends. Reliable unicast resends a lost
+			// detection), or ctx ends, or max_leave_wait has passed (a
+			// member that stopped is waited for no longer, also in a
+			// stack without failure detection). Reliable unicast resends a lost
 			// LEAVE only when it notices; this member sends it again
 			// itself, every leave_timeout/8, to the members that have not
 			// confirmed it. A leave that takes longer than leave_timeout
 			// is counted (leaves_slow).
 			t := time.NewTimer(p.cfg.LeaveTimeout)
 			tick := time.NewTicker(p.cfg.LeaveTimeout / 8)
+			limit := time.NewTimer(p.cfg.MaxLeaveWait)
+			defer limit.Stop()
 		wait:
 			for {
 				select {
@@ -646,6 +658,10 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 				case <-t.C:
 					p.leaveSlow.Add(1)
 					p.Log().Info("groupfc: waiting for members to confirm the LEAVE", "members", p.awaited(), "leave_timeout", p.cfg.LeaveTimeout)
+				case <-limit.C:
+					p.leaveUnacked.Add(1)
+					p.Log().Warn("groupfc: leaving without every member's confirmation", "members", p.awaited(), "max_leave_wait", p.cfg.MaxLeaveWait)
+					break wait
 				case <-ctx.Done():
 					p.leaveUnacked.Add(1)
 					break wait

@@ -579,3 +579,29 @@ func TestLeaverWaitsUntilEveryMemberHasWhatItSent(t *testing.T) {
 		require.True(t, downAt(t, c.Recv[0], addrs[2]).Graceful, "C left; it was not lost")
 	})
 }
+
+// TestLeaverStopsWaitingAfterMaxLeaveWait: C's view has gone on without
+// B, but B's still has C (no failure detection here, as in
+// TestBlockedSendToADepartedMember). C closes and stops, and nothing of C's
+// reaches B any more, so B cannot know. B's leave waits at most
+// max_leave_wait for C's confirmation, even with a context that does not
+// end sooner. (Without the bound it waited for ever: the CI hang in the
+// cleanup of TestBlockedSendToADepartedMember, which closes C, then B.)
+func TestLeaverStopsWaitingAfterMaxLeaveWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 3, 1, withEvents)
+		synctest.Wait()
+		addrs := c.Addresses()
+		c.Net.SetLink(addrs[2], addrs[1], sim.Rule{Drop: 1})
+		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[2]), c.Channels[0], c.Channels[2])
+		require.NoError(t, c.Channels[2].Close())
+		max := groupfc.DefaultConfig().MaxLeaveWait
+		ctx, cancel := context.WithTimeout(context.Background(), 3*max)
+		defer cancel()
+		start := time.Now()
+		require.NoError(t, c.Channels[1].Disconnect(ctx))
+		require.NoError(t, ctx.Err(), "B waited for C until its context ended")
+		require.LessOrEqual(t, time.Since(start), max)
+		require.EqualValues(t, 1, stacktest.Stat(t, gs[1], "leaves_unacknowledged"))
+	})
+}
