@@ -40,7 +40,9 @@ type Config struct {
 }
 
 // DefaultConfig returns GROUPFC's defaults.
-func DefaultConfig() Config { return Config{LeaveTimeout: 2 * time.Second, MaxLeaveWait: 30 * time.Second} }
+func DefaultConfig() Config {
+	return Config{LeaveTimeout: 2 * time.Second, MaxLeaveWait: 30 * time.Second}
+}
 
 // Validate checks the config.
 func (c *Config) Validate() error {
