@@ -13,35 +13,58 @@ import (
 // FLUSH blocks the group, without waiting for what the application does
 // with it, and with none of their locks held when the application runs.
 //
-// Messages wait for views: a message reaches Receive only once every
-// ViewAccepted queued before it has returned, so the application sees each
-// message after the view it was delivered in, as it would if the view
-// callback ran on the delivering goroutine.
+// Views and messages keep their order as the application sees it, as if
+// the view callback ran on the delivering goroutine: a message that
+// reaches the channel after a view waits until that view's ViewAccepted
+// has returned, and a ViewAccepted waits until every message that reached
+// the channel before its view has come back from Receive. Deliveries are
+// counted per epoch (the time between two views) for that.
 type callbacks struct {
 	mu      sync.Mutex
-	idle    *sync.Cond // signalled when a view callback ends
+	idle    *sync.Cond // signalled when a view callback ends or an epoch drains
 	queue   []func()
 	running bool
 	// Views queued and views whose callback has returned, counted since the
-	// channel was made. A message that arrives when queued is q waits until
-	// done reaches q: for the views before it, not for those after.
+	// channel was made.
 	queued, done atomic.Uint64
+	cur          atomic.Pointer[epoch]
 	wg           sync.WaitGroup
+}
+
+// epoch counts the deliveries that reached the channel after view q-1 was
+// queued and before view q.
+type epoch struct {
+	q      uint64 // views queued before it began
+	active atomic.Int64
+	closed atomic.Bool // view q has been queued
 }
 
 func newCallbacks() *callbacks {
 	cb := &callbacks{}
 	cb.idle = sync.NewCond(&cb.mu)
+	cb.cur.Store(&epoch{})
 	return cb
 }
 
-// do queues f; view says it is a ViewAccepted, which messages wait for.
+// do queues f. A view's f runs once the deliveries before it are back.
 func (cb *callbacks) do(f func(), view bool) {
 	cb.mu.Lock()
-	cb.queue = append(cb.queue, f)
 	if view {
-		cb.queued.Add(1)
+		before := cb.cur.Load()
+		q := cb.queued.Add(1)
+		cb.cur.Store(&epoch{q: q})
+		before.closed.Store(true)
+		g := f
+		f = func() {
+			cb.mu.Lock()
+			for before.active.Load() > 0 {
+				cb.idle.Wait()
+			}
+			cb.mu.Unlock()
+			g()
+		}
 	}
+	cb.queue = append(cb.queue, f)
 	if cb.running {
 		cb.mu.Unlock()
 		return
@@ -77,19 +100,39 @@ func (cb *callbacks) viewDone() {
 	cb.mu.Unlock()
 }
 
-// awaitViews returns once the ViewAccepted of every view queued before the
-// call has returned. It is the delivery path's gate; it costs two atomic
-// loads when no view callback is pending.
-func (cb *callbacks) awaitViews() {
-	q := cb.queued.Load()
-	if cb.done.Load() >= q {
+// enter counts a delivery in the current epoch, until leave: the next
+// view's callback waits for it. It costs a few atomic operations.
+func (cb *callbacks) enter() *epoch {
+	for {
+		e := cb.cur.Load()
+		e.active.Add(1)
+		if cb.cur.Load() == e {
+			return e
+		}
+		cb.leave(e) // a view came in between: the delivery is after it
+	}
+}
+
+// gate returns once the ViewAccepted of every view queued before e began
+// has returned.
+func (cb *callbacks) gate(e *epoch) {
+	if cb.done.Load() >= e.q {
 		return
 	}
 	cb.mu.Lock()
-	for cb.done.Load() < q {
+	for cb.done.Load() < e.q {
 		cb.idle.Wait()
 	}
 	cb.mu.Unlock()
+}
+
+// leave ends a delivery admitted by enter.
+func (cb *callbacks) leave(e *epoch) {
+	if e.active.Add(-1) == 0 && e.closed.Load() {
+		cb.mu.Lock()
+		cb.idle.Broadcast()
+		cb.mu.Unlock()
+	}
 }
 
 // wait returns once the queue is empty and its goroutine gone.

@@ -448,16 +448,23 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 func (c *Channel) Stats() []ProtocolStats { return c.st.Stats() }
 
 func (c *Channel) receive(m *Message) {
+	// Counted in its epoch before the receipt says it has arrived: the
+	// next view (which a flush may install as soon as it has the receipt)
+	// then reaches the application after this message.
+	e := c.cb.enter()
+	defer c.cb.leave(e)
 	if rc := m.receipt; rc != nil {
 		rc.take()
 	}
 	if r := c.receiver(); r != nil {
-		c.cb.awaitViews()
+		c.cb.gate(e)
 		r.Receive(m)
 	}
 }
 
 func (c *Channel) receiveBatch(bt *Batch) {
+	e := c.cb.enter()
+	defer c.cb.leave(e)
 	var last *Receipt
 	for _, m := range bt.Msgs {
 		if rc := m.receipt; rc != nil && rc != last {
@@ -469,7 +476,7 @@ func (c *Channel) receiveBatch(bt *Batch) {
 	if r == nil {
 		return
 	}
-	c.cb.awaitViews()
+	c.cb.gate(e)
 	if br, ok := r.(BatchReceiver); ok {
 		br.ReceiveBatch(bt)
 		return
