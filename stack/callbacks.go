@@ -2,6 +2,7 @@ package stack
 
 import (
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,13 +23,24 @@ import (
 type callbacks struct {
 	mu      sync.Mutex
 	idle    *sync.Cond // signalled when a view callback ends or an epoch drains
-	queue   []func()
+	queue   []item
 	running bool
+	// Deliveries queued behind a view callback: later ones queue too, to
+	// keep each sender's order.
+	held atomic.Int64
 	// Views queued and views whose callback has returned, counted since the
 	// channel was made.
 	queued, done atomic.Uint64
 	cur          atomic.Pointer[epoch]
 	wg           sync.WaitGroup
+}
+
+// item is a queued callback: view is the number of the view it belongs to
+// (a ViewAccepted, or a delivery that came after that view).
+type item struct {
+	f     func()
+	view  uint64
+	isMsg bool
 }
 
 // epoch counts the deliveries that reached the channel after view q-1 was
@@ -49,22 +61,28 @@ func newCallbacks() *callbacks {
 // do queues f. A view's f runs once the deliveries before it are back.
 func (cb *callbacks) do(f func(), view bool) {
 	cb.mu.Lock()
+	it := item{f: f, view: cb.queued.Load()}
 	if view {
 		before := cb.cur.Load()
 		q := cb.queued.Add(1)
 		cb.cur.Store(&epoch{q: q})
 		before.closed.Store(true)
-		g := f
-		f = func() {
+		it.view = q
+		it.f = func() {
 			cb.mu.Lock()
 			for before.active.Load() > 0 {
 				cb.idle.Wait()
 			}
 			cb.mu.Unlock()
-			g()
+			f()
 		}
 	}
-	cb.queue = append(cb.queue, f)
+	cb.queue = append(cb.queue, it)
+	cb.startLocked()
+}
+
+// startLocked starts the goroutine if it is not running, and unlocks.
+func (cb *callbacks) startLocked() {
 	if cb.running {
 		cb.mu.Unlock()
 		return
@@ -73,6 +91,36 @@ func (cb *callbacks) do(f func(), view bool) {
 	cb.wg.Add(1)
 	cb.mu.Unlock()
 	go cb.run()
+}
+
+// gated reports whether a delivery counted in epoch e must wait: a view
+// callback it must follow is pending, or deliveries queued behind one are.
+func (cb *callbacks) gated(e *epoch) bool {
+	return cb.done.Load() < e.q || cb.held.Load() > 0
+}
+
+// hold runs f, a delivery counted in epoch e that was gated: queued in
+// order on the callback goroutine, or at once if the gate opened
+// meanwhile. The caller never waits for the application's view callback,
+// so the protocol below it (NAKACK passing a sender's messages up, which
+// a flush waits for) goes on.
+func (cb *callbacks) hold(e *epoch, f func()) {
+	cb.mu.Lock()
+	if !cb.gated(e) {
+		cb.mu.Unlock()
+		f()
+		return
+	}
+	cb.held.Add(1)
+	it := item{f: func() { defer cb.held.Add(-1); f() }, view: e.q, isMsg: true}
+	// Before any view queued after the delivery's epoch began (one may
+	// have come in since).
+	i := len(cb.queue)
+	for i > 0 && !cb.queue[i-1].isMsg && cb.queue[i-1].view > e.q {
+		i--
+	}
+	cb.queue = slices.Insert(cb.queue, i, it)
+	cb.startLocked()
 }
 
 func (cb *callbacks) run() {
@@ -84,11 +132,11 @@ func (cb *callbacks) run() {
 			cb.mu.Unlock()
 			return
 		}
-		f := cb.queue[0]
-		cb.queue[0] = nil
+		it := cb.queue[0]
+		cb.queue[0] = item{}
 		cb.queue = cb.queue[1:]
 		cb.mu.Unlock()
-		f()
+		it.f()
 	}
 }
 
@@ -111,19 +159,6 @@ func (cb *callbacks) enter() *epoch {
 		}
 		cb.leave(e) // a view came in between: the delivery is after it
 	}
-}
-
-// gate returns once the ViewAccepted of every view queued before e began
-// has returned.
-func (cb *callbacks) gate(e *epoch) {
-	if cb.done.Load() >= e.q {
-		return
-	}
-	cb.mu.Lock()
-	for cb.done.Load() < e.q {
-		cb.idle.Wait()
-	}
-	cb.mu.Unlock()
 }
 
 // leave ends a delivery admitted by enter.
@@ -149,12 +184,19 @@ var callbackFrames = []string{
 	"github.com/strata-go/strata/stack.(*callbacks).run",
 }
 
+// stateFrame is the function through which GetState and SetState run.
+const stateFrame = "github.com/strata-go/strata/stack.(*Channel).stateCallback"
+
 // inCallback reports whether the calling goroutine is running one of the
 // channel's callbacks into the application (Receive, ViewAccepted, Block,
 // Unblock, GetState, SetState). Go gives goroutines no identity, so it reads
 // the caller's stack; it is called only by Disconnect, Close and Connect, so
 // the delivery path pays nothing for it.
-func inCallback() bool {
+func inCallback() bool { return onStack(callbackFrames...) }
+
+// onStack reports whether one of the named functions is on the calling
+// goroutine's stack.
+func onStack(names ...string) bool {
 	pcs := make([]uintptr, 256)
 	n := runtime.Callers(2, pcs)
 	for n == len(pcs) {
@@ -164,7 +206,7 @@ func inCallback() bool {
 	frames := runtime.CallersFrames(pcs[:n])
 	for {
 		f, more := frames.Next()
-		for _, name := range callbackFrames {
+		for _, name := range names {
 			if f.Function == name || strings.HasPrefix(f.Function, name+".") {
 				return true
 			}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -99,6 +100,7 @@ type Channel struct {
 	// finish after it returns; Connect and Close wait for them.
 	stops    sync.WaitGroup
 	stopping atomic.Int32
+	inState  atomic.Int32 // GetState or SetState callbacks running
 }
 
 type receiverBox struct{ r Receiver }
@@ -320,6 +322,9 @@ func (c *Channel) Send(ctx context.Context, m *Message) error {
 	if m.Src.IsZero() {
 		m.Src = c.Address()
 	}
+	if m.Dest.IsZero() && !m.Has(OOB) && c.wouldWaitForStateFlush() {
+		return fmt.Errorf("strata: multicast from a state callback: %w: the group is flushed for the state transfer until the callback returns", ErrWouldDeadlock)
+	}
 	return c.st.Down(ctx, m)
 }
 
@@ -407,6 +412,9 @@ func (c *Channel) StartFlush(ctx context.Context) error {
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
+	if c.wouldWaitForStateFlush() {
+		return fmt.Errorf("strata: StartFlush from a state callback: %w: the state transfer's flush ends when the callback returns", ErrWouldDeadlock)
+	}
 	_, err := c.st.DownEvent(ctx, Ev(EvStartFlush, nil))
 	return err
 }
@@ -456,9 +464,13 @@ func (c *Channel) receive(m *Message) {
 	if rc := m.receipt; rc != nil {
 		rc.take()
 	}
-	if r := c.receiver(); r != nil {
-		c.cb.gate(e)
+	r := c.receiver()
+	switch {
+	case r == nil:
+	case !c.cb.gated(e):
 		r.Receive(m)
+	default:
+		c.cb.hold(e, func() { r.Receive(m) })
 	}
 }
 
@@ -476,7 +488,16 @@ func (c *Channel) receiveBatch(bt *Batch) {
 	if r == nil {
 		return
 	}
-	c.cb.gate(e)
+	if !c.cb.gated(e) {
+		deliverBatch(r, bt)
+		return
+	}
+	held := *bt // the lanes reuse bt once this returns
+	held.Msgs = slices.Clone(bt.Msgs)
+	c.cb.hold(e, func() { deliverBatch(r, &held) })
+}
+
+func deliverBatch(r Receiver, bt *Batch) {
 	if br, ok := r.(BatchReceiver); ok {
 		br.ReceiveBatch(bt)
 		return
@@ -515,13 +536,7 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		if !ok {
 			return nil, fmt.Errorf("strata: state transfer needs a receiver with GetState and SetState (StateHandler), have %T", r)
 		}
-		if w, ok := ev.Arg.(io.Writer); ok && ev.Type == EvProvideState {
-			return nil, sh.GetState(w)
-		}
-		if rd, ok := ev.Arg.(io.Reader); ok && ev.Type == EvApplyState {
-			return nil, sh.SetState(rd)
-		}
-		return nil, fmt.Errorf("strata: %s with %T", ev.Type, ev.Arg)
+		return nil, c.stateCallback(sh, ev)
 	case EvBlock:
 		if b, ok := r.(Blocker); ok {
 			c.cb.do(b.Block, false)
@@ -532,6 +547,29 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		}
 	}
 	return nil, nil
+}
+
+// stateCallback runs the application's GetState or SetState. With FLUSH in
+// the stack, a state transfer runs inside a flush that ends only when the
+// callback returns: while it runs, the channel refuses what would wait for
+// that flush (StartFlush, GetState, a multicast) with ErrWouldDeadlock.
+func (c *Channel) stateCallback(sh StateHandler, ev Event) error {
+	c.inState.Add(1)
+	defer c.inState.Add(-1)
+	if w, ok := ev.Arg.(io.Writer); ok && ev.Type == EvProvideState {
+		return sh.GetState(w)
+	}
+	if rd, ok := ev.Arg.(io.Reader); ok && ev.Type == EvApplyState {
+		return sh.SetState(rd)
+	}
+	return fmt.Errorf("strata: %s with %T", ev.Type, ev.Arg)
+}
+
+// wouldWaitForStateFlush reports whether the caller runs inside GetState or
+// SetState while FLUSH holds the group for that state transfer (see
+// stateCallback). It reads the stack only while a state callback runs.
+func (c *Channel) wouldWaitForStateFlush() bool {
+	return c.inState.Load() > 0 && c.st.Find("FLUSH") != nil && onStack(stateFrame)
 }
 
 // ViewInstaller is implemented by the membership protocol; InstallView

@@ -32,6 +32,7 @@ package all_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -250,6 +251,7 @@ type chaosRun struct {
 	prepare func(ch *stack.Channel)
 	leaver  int       // scenario C: the member that left gracefully
 	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
+	ucastMu sync.Map  // member -> *sync.Mutex: see send
 }
 
 func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
@@ -309,8 +311,9 @@ func (r *chaosRun) alive() []int {
 
 // send sends one message of kind from member i (to member to for a
 // unicast), records it, and fails the run if the send does not complete
-// within a minute.
-func (r *chaosRun) send(i, kind, to, size int) {
+// within a minute. A send the channel refused at once is not recorded; its
+// error is returned.
+func (r *chaosRun) send(i, kind, to, size int) error {
 	r.mu.Lock() // members are added while others send
 	ch, dest := r.chs[i], stack.Address{}
 	if kind == kindUcast {
@@ -319,9 +322,17 @@ func (r *chaosRun) send(i, kind, to, size int) {
 	r.mu.Unlock()
 	v := ch.View()
 	if v == nil {
-		return
+		return nil
 	}
 	k := streamKey{i, kind, to}
+	if kind == kindUcast {
+		// One unicast stream at a time per member: the callback matrix
+		// sends from callbacks beside the traffic goroutine, and FIFO is
+		// checked per stream.
+		mu, _ := r.ucastMu.LoadOrStore(i, new(sync.Mutex))
+		mu.(*sync.Mutex).Lock()
+		defer mu.(*sync.Mutex).Unlock()
+	}
 	var ups uint64
 	if r.groupfc {
 		rec := r.recs[i]
@@ -348,9 +359,18 @@ func (r *chaosRun) send(i, kind, to, size int) {
 	// change), as with JGroups' MFC: allow that, and a margin.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := ch.Send(ctx, m); err != nil && ctx.Err() != nil {
+	err := ch.Send(ctx, m)
+	if err != nil && ctx.Err() != nil {
 		r.t.Errorf("member %d: a send blocked for 3 minutes: %v", i, err)
 	}
+	if errors.Is(err, stack.ErrWouldDeadlock) {
+		r.mu.Lock()
+		r.sent = slices.DeleteFunc(r.sent, func(s sentMsg) bool {
+			return s.sender == i && s.kind == kind && s.to == to && s.seq == seq
+		})
+		r.mu.Unlock()
+	}
+	return err
 }
 
 // traffic runs member i's workload until stop is closed: a multicast every
