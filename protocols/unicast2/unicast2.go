@@ -142,6 +142,7 @@ type recvEntry struct {
 type tombstone struct {
 	connID uint16
 	hd     uint64
+	oob    []uint64 // OOB messages above hd already delivered
 	at     time.Time
 }
 
@@ -421,12 +422,24 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 			return false
 		}
 		start := h.Seqno
-		if t, ok := u.tombs[src]; ok && !u.fixOff && t.connID == h.ConnID && t.hd >= start {
+		t, fromTomb := u.tombs[src]
+		fromTomb = fromTomb && !u.fixOff && t.connID == h.ConnID
+		if fromTomb && t.hd >= start {
 			start = t.hd + 1 // continue after what the closed connection delivered
 		}
 		u.Log().Debug("unicast2: receive connection opened", "from", src, "conn", h.ConnID, "first", h.Seqno, "start", start, "tomb", u.tombs[src])
 		delete(u.tombs, src)
 		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
+		if fromTomb {
+			// And the OOB messages it delivered above a gap: not again.
+			for _, s := range t.oob {
+				if s < start {
+					continue
+				}
+				e.buf[s] = nil
+				e.highest = max(e.highest, s)
+			}
+		}
 		u.recv[src] = e
 	}
 	if h.Seqno > e.next && h.Seqno-e.next >= maxAhead {
@@ -680,7 +693,13 @@ func (u *Unicast2) CloseReceiveConnection(src stack.Address) {
 	var sh *Header
 	if !u.fixOff {
 		sh = u.stableHeader(e)
-		u.tombs[src] = tombstone{connID: e.connID, hd: e.next - 1, at: time.Now()}
+		t := tombstone{connID: e.connID, hd: e.next - 1, at: time.Now()}
+		for s, m := range e.buf {
+			if m == nil { // an OOB message delivered above a gap
+				t.oob = append(t.oob, s)
+			}
+		}
+		u.tombs[src] = t
 	}
 	u.mu.Unlock()
 	u.st.closed.Add(1)

@@ -527,3 +527,32 @@ func TestGapIsRepairedWithinATenthOfXmitInterval(t *testing.T) {
 		require.Empty(t, p.c.Recv[1].CheckExactlyOnce([]stack.Address{p.aa}, 10, true))
 	})
 }
+
+// TestOOBAboveAGapIsNotDeliveredAgainAfterTheReceiverCloses: B delivered
+// an OOB message above a gap (the regular message before it was lost), then
+// closed its receive connection on its own (a view without A). When A
+// resends from the gap, the connection reopens after what B delivered in
+// order; the OOB message B already delivered must not be delivered again.
+func TestOOBAboveAGapIsNotDeliveredAgainAfterTheReceiverCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPair(t, 1, testConfig(), false, nil)
+		p.sendRange(t, 0, 0) // seqno 1
+		stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 1 }, "connection up")
+		var lose atomic.Bool
+		lose.Store(true)
+		p.d[1].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			return lose.Load() && h != nil && h.Type == 0 && h.Seqno == 2
+		})
+		p.sendRange(t, 1, 1) // seqno 2, lost
+		require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(p.ba, stacktest.Payload(0, 2, 8)).Set(stack.OOB)))
+		stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 2 }, "the OOB message delivered above the gap")
+		stacktest.InjectView(t, stack.NewView(p.ba, 10, p.ba), p.b) // B closes its receive connection to A
+		synctest.Wait()
+		lose.Store(false)
+		p.sendRange(t, 3, 3)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) >= 4 }, "the gap repaired after the resync")
+		synctest.Wait()
+		require.Equal(t, []int{0, 2, 1, 3}, p.recvFrom(), "each message once; the OOB one not again")
+	})
+}
