@@ -28,6 +28,9 @@ type callbacks struct {
 	// Deliveries queued behind a view callback: later ones queue too, to
 	// keep each sender's order.
 	held atomic.Int64
+	// Channel calls in progress on the callback goroutine (see calls).
+	calling atomic.Int32
+	active  atomic.Bool // running, read without the lock
 	// Views queued and views whose callback has returned, counted since the
 	// channel was made.
 	queued, done atomic.Uint64
@@ -88,6 +91,7 @@ func (cb *callbacks) startLocked() {
 		return
 	}
 	cb.running = true
+	cb.active.Store(true)
 	cb.wg.Add(1)
 	cb.mu.Unlock()
 	go cb.run()
@@ -99,20 +103,25 @@ func (cb *callbacks) gated(e *epoch) bool {
 	return cb.done.Load() < e.q || cb.held.Load() > 0
 }
 
-// hold runs f, a delivery counted in epoch e that was gated: queued in
-// order on the callback goroutine, or at once if the gate opened
-// meanwhile. The caller never waits for the application's view callback,
-// so the protocol below it (NAKACK passing a sender's messages up, which
-// a flush waits for) goes on.
+// hold delivers f, a delivery counted in epoch e that was gated. Normally
+// the caller waits until the view callbacks before it have returned, so
+// that the layers below count the message as processed only once the
+// application has it (flow control returns credits for it then). But
+// while the callback goroutine is itself inside a channel call (a send, a
+// flush), which may need this member's deliveries to move, f is queued in
+// order on the callback goroutine instead, and the caller goes on.
 func (cb *callbacks) hold(e *epoch, f func()) {
 	cb.mu.Lock()
+	for cb.gated(e) && cb.calling.Load() == 0 {
+		cb.idle.Wait()
+	}
 	if !cb.gated(e) {
 		cb.mu.Unlock()
 		f()
 		return
 	}
 	cb.held.Add(1)
-	it := item{f: func() { defer cb.held.Add(-1); f() }, view: e.q, isMsg: true}
+	it := item{f: func() { defer cb.unhold(); f() }, view: e.q, isMsg: true}
 	// Before any view queued after the delivery's epoch began (one may
 	// have come in since).
 	i := len(cb.queue)
@@ -123,12 +132,36 @@ func (cb *callbacks) hold(e *epoch, f func()) {
 	cb.startLocked()
 }
 
+func (cb *callbacks) unhold() {
+	if cb.held.Add(-1) == 0 {
+		cb.mu.Lock()
+		cb.idle.Broadcast()
+		cb.mu.Unlock()
+	}
+}
+
+// calls marks a channel call made by the application; if it runs on the
+// callback goroutine, deliveries behind a view callback are queued rather
+// than waited for until end is called. It reads the caller's stack only
+// while the callback goroutine exists (a notice is being delivered).
+func (cb *callbacks) calls() (end func()) {
+	if !cb.active.Load() || !onStack(runFrame) {
+		return func() {}
+	}
+	cb.mu.Lock()
+	cb.calling.Add(1)
+	cb.idle.Broadcast()
+	cb.mu.Unlock()
+	return func() { cb.calling.Add(-1) }
+}
+
 func (cb *callbacks) run() {
 	defer cb.wg.Done()
 	for {
 		cb.mu.Lock()
 		if len(cb.queue) == 0 {
 			cb.running = false
+			cb.active.Store(false)
 			cb.mu.Unlock()
 			return
 		}
@@ -183,6 +216,9 @@ var callbackFrames = []string{
 	"github.com/strata-go/strata/stack.(*Channel).upEvent",
 	"github.com/strata-go/strata/stack.(*callbacks).run",
 }
+
+// runFrame is the callback goroutine's function.
+const runFrame = "github.com/strata-go/strata/stack.(*callbacks).run"
 
 // stateFrame is the function through which GetState and SetState run.
 const stateFrame = "github.com/strata-go/strata/stack.(*Channel).stateCallback"

@@ -313,6 +313,7 @@ func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
 // zero. It blocks as long as the stack makes it wait (flow control, flush)
 // and returns ctx's error if ctx ends first. m must not be changed after.
 func (c *Channel) Send(ctx context.Context, m *Message) error {
+	defer c.cb.calls()()
 	if !c.connected.Load() {
 		if c.isClosed() {
 			return ErrClosed
@@ -345,6 +346,7 @@ func (c *Channel) isClosed() bool {
 // returns once the member has left, and the stack stops when the callback
 // returns.
 func (c *Channel) Disconnect(ctx context.Context) error {
+	defer c.cb.calls()()
 	c.mu.Lock()
 	if c.state != chConnected {
 		c.mu.Unlock()
@@ -409,6 +411,7 @@ func (c *Channel) Close() error {
 // have delivered the same messages (FLUSH must be in the stack; without it
 // StartFlush does nothing). Call StopFlush to unblock the group.
 func (c *Channel) StartFlush(ctx context.Context) error {
+	defer c.cb.calls()()
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
@@ -422,6 +425,7 @@ func (c *Channel) StartFlush(ctx context.Context) error {
 // StopFlush ends the flush this member started; it returns when every
 // member has unblocked.
 func (c *Channel) StopFlush(ctx context.Context) error {
+	defer c.cb.calls()()
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
@@ -434,6 +438,7 @@ func (c *Channel) StopFlush(ctx context.Context) error {
 // the stack, so no member changes the state meanwhile. The receiver must
 // implement StateHandler; the stack needs STATE_TRANSFER.
 func (c *Channel) GetState(ctx context.Context, from Address) error {
+	defer c.cb.calls()()
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
