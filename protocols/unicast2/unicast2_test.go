@@ -68,6 +68,20 @@ func (p *pair) sendRange(t *testing.T, from, to int) {
 	}
 }
 
+// connectThenLoseSeqno2 opens A's connection to B with message 0 (seqno
+// 1), then loses A's data seqno 2 at B until the returned flag is cleared.
+func (p *pair) connectThenLoseSeqno2(t *testing.T) *atomic.Bool {
+	p.sendRange(t, 0, 0)
+	stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 1 }, "connection up")
+	lose := new(atomic.Bool)
+	lose.Store(true)
+	p.d[1].DropUpIf(func(m *stack.Message) bool {
+		h := hdr(m)
+		return lose.Load() && h != nil && h.Type == 0 && h.Seqno == 2
+	})
+	return lose
+}
+
 // holder holds back messages that match a predicate on the way up, until
 // released: a STABLE "delayed by garbage collection".
 type holder struct {
@@ -287,16 +301,9 @@ func TestRandomFaultsWithUnilateralCloses(t *testing.T) {
 func TestOOBIsReliableAndDeliveredAtOnceExactlyOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPair(t, 3, testConfig(), false, nil)
-		p.sendRange(t, 0, 0) // establishes the connection (seqno 1)
-		stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 1 }, "connection up")
 		// Lose regular message 1 (seqno 2) for now: the OOB messages after
 		// it must not wait for it. Every packet is also duplicated.
-		var lose atomic.Bool
-		lose.Store(true)
-		p.d[1].DropUpIf(func(m *stack.Message) bool {
-			h := hdr(m)
-			return lose.Load() && h != nil && h.Type == 0 && h.Seqno == 2
-		})
+		lose := p.connectThenLoseSeqno2(t)
 		p.c.Net.SetDefault(sim.Rule{Duplicate: 1})
 		p.sendRange(t, 1, 1)
 		for i := 2; i <= 4; i++ {
@@ -536,14 +543,7 @@ func TestGapIsRepairedWithinATenthOfXmitInterval(t *testing.T) {
 func TestOOBAboveAGapIsNotDeliveredAgainAfterTheReceiverCloses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPair(t, 1, testConfig(), false, nil)
-		p.sendRange(t, 0, 0) // seqno 1
-		stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 1 }, "connection up")
-		var lose atomic.Bool
-		lose.Store(true)
-		p.d[1].DropUpIf(func(m *stack.Message) bool {
-			h := hdr(m)
-			return lose.Load() && h != nil && h.Type == 0 && h.Seqno == 2
-		})
+		lose := p.connectThenLoseSeqno2(t)
 		p.sendRange(t, 1, 1) // seqno 2, lost
 		require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(p.ba, stacktest.Payload(0, 2, 8)).Set(stack.OOB)))
 		stacktest.WaitFor(t, time.Second, func() bool { return len(p.recvFrom()) == 2 }, "the OOB message delivered above the gap")
