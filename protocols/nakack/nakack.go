@@ -456,8 +456,10 @@ func (n *NAKACK) release() {
 		}
 	}
 	n.mu.Unlock()
+	// Not on the caller's goroutine: FLUSH ends a hold with its locks
+	// held, and what is delivered now reaches the application.
 	for _, src := range resume {
-		n.deliverFrom(src)
+		n.Go(func(<-chan struct{}) { n.deliverFrom(src) })
 	}
 }
 
@@ -486,7 +488,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 	}
 	n.mu.Unlock()
 	for _, src := range lifted {
-		n.deliverFrom(src)
+		n.Go(func(<-chan struct{}) { n.deliverFrom(src) }) // see release
 	}
 	tick := time.NewTicker(n.cfg.XmitInterval)
 	defer tick.Stop()
