@@ -456,10 +456,13 @@ func (n *NAKACK) release() {
 		}
 	}
 	n.mu.Unlock()
-	// Not on the caller's goroutine: FLUSH ends a hold with its locks
-	// held, and what is delivered now reaches the application.
+	// On the caller's goroutine, so the released messages are delivered
+	// before the flush lets the senders go. FLUSH calls this with its
+	// participant lock held, so a Receive that blocks holds it too: a
+	// known bug, open in #15 (see TestCallbackMatrix); delivering on a
+	// goroutine of NAKACK's own broke the order a joiner with state sees.
 	for _, src := range resume {
-		n.Go(func(<-chan struct{}) { n.deliverFrom(src) })
+		n.deliverFrom(src)
 	}
 }
 
@@ -488,7 +491,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 	}
 	n.mu.Unlock()
 	for _, src := range lifted {
-		n.Go(func(<-chan struct{}) { n.deliverFrom(src) }) // see release
+		n.deliverFrom(src)
 	}
 	tick := time.NewTicker(n.cfg.XmitInterval)
 	defer tick.Stop()
