@@ -51,7 +51,20 @@ type item struct {
 type epoch struct {
 	q      uint64 // views queued before it began
 	active atomic.Int64
-	closed atomic.Bool // view q has been queued
+	closed atomic.Bool // view q has been queued, or a drain began
+	// prev: the epoch a drain closed, while that drain still waits for it
+	// (a view queued meanwhile waits for it too).
+	prev atomic.Pointer[epoch]
+}
+
+// waitFor returns once e's deliveries, and those of the epoch a drain is
+// still waiting for, are back; callers hold cb.mu.
+func (cb *callbacks) waitFor(e *epoch) {
+	for ; e != nil; e = e.prev.Load() {
+		for e.active.Load() > 0 {
+			cb.idle.Wait()
+		}
+	}
 }
 
 func newCallbacks() *callbacks {
@@ -73,9 +86,7 @@ func (cb *callbacks) do(f func(), view bool) {
 		it.view = q
 		it.f = func() {
 			cb.mu.Lock()
-			for before.active.Load() > 0 {
-				cb.idle.Wait()
-			}
+			cb.waitFor(before)
 			cb.mu.Unlock()
 			f()
 		}
@@ -201,6 +212,21 @@ func (cb *callbacks) leave(e *epoch) {
 		cb.idle.Broadcast()
 		cb.mu.Unlock()
 	}
+}
+
+// drain returns once every delivery that reached the channel before it has
+// come back from Receive; later deliveries are counted apart (a new epoch
+// of the same view) and not waited for.
+func (cb *callbacks) drain() {
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	before := cb.cur.Load()
+	next := &epoch{q: before.q}
+	next.prev.Store(before)
+	cb.cur.Store(next)
+	before.closed.Store(true)
+	cb.waitFor(before)
+	next.prev.Store(nil)
 }
 
 // wait returns once the queue is empty and its goroutine gone.

@@ -562,6 +562,11 @@ func (c *Channel) stateCallback(sh StateHandler, ev Event) error {
 	c.inState.Add(1)
 	defer c.inState.Add(-1)
 	if w, ok := ev.Arg.(io.Writer); ok && ev.Type == EvProvideState {
+		// The state covers every message that reached the channel before
+		// the request (those the flush reconciled, some of them perhaps
+		// still queued behind a view callback or on their way into
+		// Receive): the requester's digest starts after them.
+		c.cb.drain()
 		return sh.GetState(w)
 	}
 	if rd, ok := ev.Arg.(io.Reader); ok && ev.Type == EvApplyState {

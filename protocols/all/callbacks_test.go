@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,18 +175,6 @@ func TestCallbackMatrix(t *testing.T) {
 					continue
 				}
 				t.Run(fmt.Sprintf("%s/%s/%s", file, cbNames[cb], actNames[act]), func(t *testing.T) {
-					if file == "flush.toml" && cb == cbReceive && act == actBlock && os.Getenv("STRATA_KNOWN_BUGS") == "" {
-						// Known bug, open in #15: FLUSH ends a view-change
-						// hold (NAKACK's release) with its participant lock
-						// held, and the release delivers on that goroutine,
-						// so a Receive that blocks holds FLUSH's lock; in 1
-						// of 4 race runs another FLUSH goroutine waited on
-						// it and the run hung. Delivering the release on
-						// NAKACK's own goroutine broke the joiner's order in
-						// statetransfer's TestConnectWithStateInOneFlush
-						// (-cpu 1). STRATA_KNOWN_BUGS=1 runs it.
-						t.Skip("known bug: Receive runs under FLUSH's participant lock when a hold is released")
-					}
 					t.Parallel()
 					synctest.Test(t, func(t *testing.T) { callbackCase(t, file, cb, act) })
 				})

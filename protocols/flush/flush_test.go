@@ -859,3 +859,55 @@ func TestStartFlushFromBlock(t *testing.T) {
 		require.EqualValues(t, b.r.blocks.Load(), b.r.unblocks.Load(), "B's Blocks and Unblocks pair up")
 	})
 }
+
+// TestReceiveOfAReleasedMessageHoldsUpNothing: D joins; the view-change
+// round's STOP_FLUSH reaches C late, and meanwhile B multicasts in the new
+// view, which C holds until its round ends. When C's round ends, FLUSH
+// releases that message, and C's Receive of it blocks (until the test
+// ends). The next flush must still complete at once: the release hands the
+// message to NAKACK's own goroutine, so neither FLUSH's participant lock
+// nor C's lane from the initiator waits on the application. (Delivered on
+// the goroutine that handles the STOP_FLUSH, with that lock held, the
+// Receive kept C from answering, and this test hangs: a goroutine waits on
+// FLUSH's mutex, so virtual time stops. CI hung so in TestCallbackMatrix.)
+func TestReceiveOfAReleasedMessageHoldsUpNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		a, b, c := ms[0], ms[1], ms[2]
+		unblock := make(chan struct{})
+		defer close(unblock)
+		var slowIn atomic.Bool
+		c.r.OnMsg = func(m *stack.Message) {
+			if string(m.Payload) == "slow" {
+				slowIn.Store(true)
+				<-unblock
+			}
+		}
+		stopHere, letGo := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		d := discard.New(discard.DefaultConfig())
+		d.DropUpIf(func(m *stack.Message) bool {
+			if h, ok := m.Header(stack.IDFLUSH).(*flush.Header); ok && h.Kind() == "STOP_FLUSH" {
+				once.Do(func() { close(stopHere); <-letGo })
+			}
+			return false
+		})
+		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		joined := make(chan error, 1)
+		go func() { joined <- l.add().Ch.Connect(t.Context(), "test") }()
+		<-stopHere
+		stacktest.WaitFor(t, time.Minute, func() bool { return !b.f.Blocked() }, "B unblocked in the new view")
+		require.NoError(t, b.Ch.Send(t.Context(), stack.NewMessage(stack.Address{}, []byte("slow"))))
+		synctest.Wait()
+		require.False(t, slowIn.Load(), "C holds B's message of the new view while its round lasts")
+		close(letGo)
+		stacktest.WaitFor(t, time.Minute, slowIn.Load, "C delivers it once its round ends")
+		require.NoError(t, <-joined)
+		ctx, cancel := context.WithTimeout(t.Context(), flush.DefaultConfig().StartTimeout/2)
+		defer cancel()
+		require.NoError(t, a.Ch.StartFlush(ctx), "a flush completes while C's Receive of the released message blocks")
+		require.NoError(t, a.Ch.StopFlush(ctx))
+		require.False(t, anyBlocked(ms))
+	})
+}

@@ -456,14 +456,12 @@ func (n *NAKACK) release() {
 		}
 	}
 	n.mu.Unlock()
-	// On the caller's goroutine, so the released messages are delivered
-	// before the flush lets the senders go. FLUSH calls this with its
-	// participant lock held, so a Receive that blocks holds it too: a
-	// known bug, open in #15 (see TestCallbackMatrix); delivering on a
-	// goroutine of NAKACK's own broke the order a joiner with state sees.
-	for _, src := range resume {
-		n.deliverFrom(src)
-	}
+	// Not on the caller's goroutine: FLUSH ends a hold with its
+	// participant lock held, and what is delivered now reaches the
+	// application, whose Receive may block. (A state provider's GetState
+	// waits for deliveries on their way to the application, so the state
+	// still covers them.)
+	n.deliverAsync(resume)
 }
 
 // WaitDelivered returns once this member has delivered (and the layers
@@ -490,9 +488,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 		}
 	}
 	n.mu.Unlock()
-	for _, src := range lifted {
-		n.deliverFrom(src)
-	}
+	n.deliverAsync(lifted) // see release
 	tick := time.NewTicker(n.cfg.XmitInterval)
 	defer tick.Stop()
 	ask, tries := true, 0
@@ -590,6 +586,15 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 			}
 			return fmt.Errorf("%w (behind: %s)", err, strings.Join(behind, ", "))
 		}
+	}
+}
+
+// deliverAsync delivers what srcs' tables hold on a goroutine of NAKACK's
+// own, one per sender; the hold or limit was already changed under n.mu,
+// so a later hold still stops it in time.
+func (n *NAKACK) deliverAsync(srcs []stack.Address) {
+	for _, src := range srcs {
+		n.Go(func(<-chan struct{}) { n.deliverFrom(src) })
 	}
 }
 

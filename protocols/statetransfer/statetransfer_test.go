@@ -10,7 +10,9 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -326,5 +328,69 @@ func TestConnectWithStateInOneFlush(t *testing.T) {
 			_, errs := lg.snapshot()
 			require.Empty(t, errs, "member %d applied every message once, in order, after its state", i)
 		}
+	})
+}
+
+// slowApplier is an application whose state is the list of multicasts it
+// has applied; with slow, applying one takes a second.
+type slowApplier struct {
+	*stacktest.Collector
+	slow     bool
+	applying atomic.Bool
+	mu       sync.Mutex
+	applied  []string
+	got      string
+}
+
+func (a *slowApplier) Receive(m *stack.Message) {
+	if a.slow {
+		a.applying.Store(true)
+		time.Sleep(time.Second)
+	}
+	a.mu.Lock()
+	a.applied = append(a.applied, string(m.Payload))
+	a.mu.Unlock()
+	a.Collector.Receive(m)
+}
+
+func (a *slowApplier) GetState(w io.Writer) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, err := fmt.Fprint(w, strings.Join(a.applied, ","))
+	return err
+}
+
+func (a *slowApplier) SetState(r io.Reader) error {
+	b, err := io.ReadAll(r)
+	a.mu.Lock()
+	a.got = string(b)
+	a.mu.Unlock()
+	return err
+}
+
+// TestStateCoversAMessageStillInReceive: the provider is still applying a
+// multicast (its Receive takes a second) when another member asks for its
+// state. The flush before the transfer does not wait for the application
+// (only for the message to reach the channel), so the provider's GetState
+// must: the state includes the message, which the requester's digest
+// counts as delivered.
+func TestStateCoversAMessageStillInReceive(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		as := []*slowApplier{{}, {slow: true}, {}}
+		l := grouptest.New(t, seed)
+		l.Top = func(int) []stack.Protocol {
+			return []stack.Protocol{statetransfer.New(statetransfer.DefaultConfig()), flush.New(flush.DefaultConfig())}
+		}
+		l.Receiver = func(i int, col *stacktest.Collector) stack.Receiver {
+			as[i].Collector = col
+			return as[i]
+		}
+		ms := start(t, l, 3)
+		require.NoError(t, ms[0].Ch.Send(t.Context(), stack.NewMessage(stack.Address{}, []byte("slow"))))
+		stacktest.WaitFor(t, time.Minute, as[1].applying.Load, "B is applying it")
+		require.NoError(t, ms[2].Ch.GetState(t.Context(), ms[1].Addr()))
+		as[2].mu.Lock()
+		defer as[2].mu.Unlock()
+		require.Equal(t, "slow", as[2].got, "B's state includes the message B was applying when asked")
 	})
 }
