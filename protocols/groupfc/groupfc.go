@@ -461,12 +461,14 @@ func (p *GroupFC) takeOut() []protoMsg {
 	return out
 }
 
-// sendOut sends group protocol messages: reliable, ordered unicasts on the
-// regular lane, the same FIFO path as group unicasts, and never reflected
-// to their sender.
+// sendOut sends group protocol messages: INTERNAL, so they never wait in
+// a lane behind application messages, but not OOB: UNICAST2 still delivers
+// them in order with the data this member sent before them (a REMIT
+// must come after the data it accounts for, a LEAVE after the leaver's
+// last unicast), as TIPC's link does. Never reflected to their sender.
 func (p *GroupFC) sendOut(out []protoMsg) {
 	for _, o := range out {
-		m := stack.NewMessage(o.to, nil)
+		m := stack.NewMessage(o.to, nil).Set(stack.Internal)
 		m.PutHeader(p.ID(), o.h)
 		_ = p.PassDown(context.Background(), m)
 	}

@@ -340,8 +340,9 @@ func (s *StateTransfer) provide(to stack.Address, id uint64) {
 				return
 			}
 		}
-		// END goes on the regular lane too, so it follows the last chunk.
-		m := stack.NewMessage(to, nil)
+		// END is INTERNAL but not OOB: UNICAST2 delivers it after the last
+		// chunk, which went down before it on this goroutine.
+		m := stack.NewMessage(to, nil).Set(stack.Internal)
 		m.PutHeader(s.ID(), h)
 		_ = s.PassDown(context.Background(), m)
 	})
