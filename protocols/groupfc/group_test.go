@@ -331,6 +331,11 @@ func TestSmallWindowListIsResortedAfterEveryCharge(t *testing.T) {
 }
 
 // 2: a JOIN takes the member off the small-window list whatever it brings.
+// The spec's order: S sees B first (B is PUBLISHED at S, window 0, on the
+// small-window list) and sends its JOIN; B gets it before B sees S, so B's
+// own JOIN, sent when B then sees S, carries a full idle window (65). At S
+// that JOIN must take B off the list, or every broadcast waits on a window
+// B already gave ("permanent false broadcast congestion").
 func TestJoinWithFullWindowClearsBroadcastCongestion(t *testing.T) {
 	h := newHarness(t, 0, "S", "B")
 	h.n("S").g.published(h.a("B"))
@@ -338,12 +343,18 @@ func TestJoinWithFullWindowClearsBroadcastCongestion(t *testing.T) {
 	b := h.m("S", "B")
 	require.Equal(t, Published, b.state)
 	require.Equal(t, []*member{b}, h.n("S").g.smallWin, "a PUBLISHED member has window 0")
+	require.True(t, h.step("S", "B", false), "S's JOIN reaches B before B sees S")
+	require.Equal(t, Joining, h.m("B", "S").state)
 	h.n("B").g.published(h.a("S"))
 	h.after("B")
-	h.settle()
+	k := [2]stack.Address{h.a("B"), h.a("S")}
+	require.Equal(t, uint8(typeJoin), h.uni[k][0].h.Type)
+	require.EqualValues(t, advIdle, h.uni[k][0].h.N, "B's JOIN carries a full idle window")
+	require.True(t, h.step("B", "S", false), "B's JOIN reaches S")
 	require.Equal(t, Joined, b.state)
 	require.Empty(t, h.n("S").g.smallWin)
 	require.False(t, h.n("S").g.bcCong(65), "no false broadcast congestion")
+	h.settle()
 }
 
 // 3: a LEAVING member is off the active and pending lists, so it is never
@@ -360,21 +371,27 @@ func TestLeavingMemberIsNeverReclaimed(t *testing.T) {
 		m.advertised = advActive
 	}
 	h.check()
-	require.True(t, h.bcast("L", 0))
-	for h.step("L", "R", false) || h.step("L", "R", true) {
-	}
+	// L, the oldest active member, leaves with a broadcast R has not had
+	// yet (late on the multicast path): R holds L's DOWN for it, so L is
+	// LEAVING at R while R next needs to reclaim.
+	h.n("L").g.mandatory = false
+	require.True(t, h.bcast("L", 10))
 	h.n("L").g.leaveAll()
 	h.after("L")
 	for h.step("L", "R", false) {
 	}
+	require.Equal(t, Leaving, h.m("R", "L").state, "L is LEAVING at R, its DOWN waiting for its broadcast")
 	require.Len(t, r.active, 3, "L is off the active list")
 	require.Equal(t, 3, r.activeCnt)
 	require.True(t, h.ucast("T", "R", 100))
 	for h.step("T", "R", false) {
 	}
 	require.Equal(t, Active, h.m("R", "T").state, "T goes active")
-	require.Equal(t, Reclaiming, h.m("R", "S1").state, "the victim is the oldest active member, S1")
-	require.Nil(t, h.m("R", "L"), "L is deleted")
+	require.Equal(t, Reclaiming, h.m("R", "S1").state, "the victim is the oldest active member but L, S1")
+	require.Equal(t, Leaving, h.m("R", "L").state, "L was not reclaimed")
+	for h.step("L", "R", true) {
+	}
+	require.Nil(t, h.m("R", "L"), "L is deleted after its broadcast")
 	downs := 0
 	for _, s := range h.n("R").got {
 		if strings.HasPrefix(s, "DOWN(L") {
@@ -716,4 +733,71 @@ func TestBroadcastAheadOfTheJoinIsDeliveredAfterUp(t *testing.T) {
 	h.after("A")
 	h.settle()
 	require.Equal(t, []string{"UP(B)", fmt.Sprintf("B:bcast%d", hd.Seqno)}, h.n("A").got)
+}
+
+// mcast multicasts size bytes from x to instance inst (as a broadcast that
+// only inst's members deliver) if the windows allow it.
+func (h *harness) mcast(x string, inst uint64, size int) bool {
+	g := h.n(x).g
+	blks := blocks(size)
+	if g.bcCong(blks) {
+		h.after(x)
+		return false
+	}
+	hd := &Header{Type: typeMcast, Seqno: g.bcSndNxt, AckReq: g.mandatory, Instance: inst}
+	for _, r := range g.sentBroadcast(blks, hd.AckReq) {
+		k := [2]stack.Address{g.self, r.addr}
+		h.uni[k] = append(h.uni[k], pkt{h: hd, payload: size})
+	}
+	if !hd.AckReq {
+		for _, m := range g.members {
+			if m.isReceiver() && m.addr != g.self {
+				k := [2]stack.Address{g.self, m.addr}
+				h.mc[k] = append(h.mc[k], pkt{h: hd, payload: size})
+			}
+		}
+	}
+	h.after(x)
+	return true
+}
+
+// A multicast travels to every member as a broadcast and costs the
+// sender's window at each. A member outside the instance does not deliver
+// it but counts it as read, or it would never advertise again and the
+// sender's broadcasts would block for good on its window.
+func TestMulticastIsReadByMembersOutsideItsInstance(t *testing.T) {
+	h := newHarness(t, 0, "S", "B", "C") // instances 1, 2, 3
+	joinAll(h, "S", "B", "C")
+	for i := range 200 {
+		require.True(t, h.mcast("S", 2, 1000), "multicast %d to B's instance went out", i)
+		h.settle()
+	}
+	require.Len(t, h.n("B").got, 200, "B delivered every multicast")
+	require.Empty(t, h.n("C").got, "C delivered none")
+	require.GreaterOrEqual(t, h.m("S", "C").window, advIdle, "C advertised again what it read")
+}
+
+// Two members each wait to send to the other, and neither has advertised
+// to the other all it may (here both are PENDING at the other, whose reads
+// there lower what was advertised and send no ADV). A blocked sender
+// nudges the member it waits for with an ADV of its own receive window
+// (spec §5, cong): each ADV unblocks the other side. Without the nudge
+// both wait for good.
+func TestBlockedSendersNudgeEachOtherWithAnAdv(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	for _, p := range [][2]string{{"A", "B"}, {"B", "A"}} {
+		at, of := h.n(p[0]).g, h.m(p[0], p[1])
+		of.state, of.advertised = Pending, 0
+		at.appendList(of, inPending)
+		peer := h.m(p[1], p[0])
+		h.n(p[1]).g.updateMember(peer, peer.window) // it sent all it was given, and it was read
+	}
+	h.check()
+	require.False(t, h.ucast("A", "B", 100), "A waits for B's window")
+	require.False(t, h.ucast("B", "A", 100), "B waits for A's window")
+	h.settle()
+	require.True(t, h.ucast("A", "B", 100), "B's nudge gave A a window")
+	require.True(t, h.ucast("B", "A", 100), "A's nudge gave B a window")
+	h.settle()
 }

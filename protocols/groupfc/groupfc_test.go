@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/protocols/sim"
@@ -603,5 +604,44 @@ func TestLeaverStopsWaitingAfterMaxLeaveWait(t *testing.T) {
 		require.NoError(t, ctx.Err(), "B waited for C until its context ended")
 		require.LessOrEqual(t, time.Since(start), max)
 		require.EqualValues(t, 1, stacktest.Stat(t, gs[1], "leaves_unacknowledged"))
+	})
+}
+
+// TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt: B broadcasts (by
+// multicast) and then unicasts to A; the multicast is late at A, so the
+// unicast, on another path, arrives first. A holds the unicast until the
+// broadcast is delivered (it carries B's next broadcast seqno, spec §5):
+// A delivers in B's order.
+func TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		ctx := t.Context()
+		addrs := c.Addresses()
+		synctest.Wait()
+		// The first broadcast after the JOINs goes by replicast; the
+		// second by multicast.
+		require.NoError(t, gs[1].Broadcast(ctx, []byte("b0")))
+		synctest.Wait()
+		var late atomic.Bool
+		late.Store(true)
+		release := make(chan struct{})
+		var once sync.Once
+		let := func() { once.Do(func() { late.Store(false); close(release) }) }
+		defer let()
+		d := discard.New(discard.DefaultConfig())
+		d.DropUpIf(func(m *stack.Message) bool {
+			if m.IsMulticast() && m.Src == addrs[1] && late.Load() {
+				<-release
+			}
+			return false
+		})
+		require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+		require.NoError(t, gs[1].Broadcast(ctx, []byte("b1")))
+		require.NoError(t, gs[1].Unicast(ctx, addrs[0], []byte("u1")))
+		synctest.Wait()
+		require.Equal(t, []string{"b0"}, payloads(c.Recv[0]), "the unicast waits for the broadcast before it")
+		let()
+		synctest.Wait()
+		require.Equal(t, []string{"b0", "b1", "u1"}, payloads(c.Recv[0]))
 	})
 }
