@@ -90,15 +90,22 @@ func (d *Discard) Dropped() (up, down int64) { return d.droppedUp.Load(), d.drop
 
 func (d *Discard) drop(m *stack.Message, upward bool) bool {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	pred, rate := d.downIf, d.downRate
 	if upward {
 		pred, rate = d.upIf, d.upRate
 	}
+	d.mu.Unlock()
+	// The predicate runs without the lock: a test's predicate may block
+	// one message (to make it late) while the others pass.
 	if pred != nil && pred(m) {
 		return true
 	}
-	return rate > 0 && d.rng.Float64() < rate
+	if rate <= 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rng.Float64() < rate
 }
 
 // Down drops or forwards m.

@@ -34,6 +34,18 @@ func cluster(t *testing.T, n int, seed uint64, cfg func(i int) groupfc.Config) (
 		gs[i] = groupfc.New(cfg(i))
 		return []stack.Protocol{nakack.New(nc), unicast2.New(uc), gs[i]}
 	})
+	// Joined: every member knows every other and may send to it. (The
+	// JOINs and ADVs are INTERNAL, handled on parallel workers; one that
+	// overtakes a connection's first message waits for UNICAST2 to fetch
+	// it, so this can take a retransmission interval.)
+	stacktest.WaitFor(t, time.Minute, func() bool {
+		for _, g := range gs {
+			if stacktest.Stat(t, g, "members") < int64(n-1) || stacktest.Stat(t, g, "small_window_receivers") > 0 {
+				return false
+			}
+		}
+		return true
+	}, "the %d members joined each other", n)
 	return c, gs
 }
 
@@ -643,5 +655,41 @@ func TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt(t *testing.T) {
 		let()
 		synctest.Wait()
 		require.Equal(t, []string{"b0", "b1", "u1"}, payloads(c.Recv[0]))
+	})
+}
+
+// TestBroadcastAfterAUnicastDoesNotOvertakeIt: B unicasts to A and then
+// broadcasts; the unicast is late at A. The first broadcast after a
+// unicast goes by the unicast path (a replicast), behind the unicast, so A
+// delivers both in B's order. By multicast it would overtake.
+func TestBroadcastAfterAUnicastDoesNotOvertakeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+		ctx := t.Context()
+		addrs := c.Addresses()
+		synctest.Wait()
+		require.NoError(t, gs[1].Broadcast(ctx, []byte("b0")))
+		synctest.Wait()
+		var late atomic.Bool
+		late.Store(true)
+		release := make(chan struct{})
+		var once sync.Once
+		let := func() { once.Do(func() { late.Store(false); close(release) }) }
+		defer let()
+		d := discard.New(discard.DefaultConfig())
+		d.DropUpIf(func(m *stack.Message) bool {
+			if !m.IsMulticast() && m.Src == addrs[1] && string(m.Payload) == "u1" && late.Load() {
+				<-release
+			}
+			return false
+		})
+		require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+		require.NoError(t, gs[1].Unicast(ctx, addrs[0], []byte("u1")))
+		require.NoError(t, gs[1].Broadcast(ctx, []byte("b1")))
+		synctest.Wait()
+		require.Equal(t, []string{"b0"}, payloads(c.Recv[0]), "the broadcast waits behind the unicast")
+		let()
+		synctest.Wait()
+		require.Equal(t, []string{"b0", "u1", "b1"}, payloads(c.Recv[0]))
 	})
 }
