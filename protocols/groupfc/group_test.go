@@ -801,3 +801,28 @@ func TestBlockedSendersNudgeEachOtherWithAnAdv(t *testing.T) {
 	require.True(t, h.ucast("B", "A", 100), "A's nudge gave B a window")
 	h.settle()
 }
+
+// A member that leaves while A waits for its ACK of a broadcast is no
+// longer waited for, though its DOWN is still held (for a broadcast of its
+// own that A has not had yet): A's next broadcast does not block on it.
+func TestMemberThatLeavesBeforeItsAckIsNotWaitedFor(t *testing.T) {
+	h := newHarness(t, 0, "A", "B", "C")
+	joinAll(h, "A", "B", "C")
+	a := h.n("A").g
+	c := h.n("C").g
+	c.mandatory = false
+	require.True(t, h.bcast("C", 10)) // late on the multicast path to A
+	require.True(t, h.ucast("A", "B", 10))
+	require.True(t, h.bcast("A", 10)) // a replicast with ack request
+	require.Equal(t, 2, a.bcAckers)
+	h.uni[[2]stack.Address{h.a("A"), h.a("C")}] = nil // C never gets it
+	c.leaveAll()
+	h.after("C")
+	for h.step("C", "A", false) {
+	}
+	require.Equal(t, Leaving, h.m("A", "C").state, "C is LEAVING at A, its DOWN held")
+	for h.step("A", "B", false) || h.step("B", "A", false) {
+	}
+	require.Zero(t, a.bcAckers, "B acked, C is not waited for")
+	require.True(t, h.bcast("A", 10), "the next broadcast does not block")
+}
