@@ -95,6 +95,10 @@ type table struct {
 	// messages than the round agreed on. Cleared when the flush ends.
 	held  bool
 	limit uint64
+	// spare: the slice the remover gathers messages in, kept between
+	// runs (only the remover touches it; the layers above do not keep a
+	// batch's slice once they return).
+	spare []*stack.Message
 }
 
 // maxXmitBytes caps the payload one retransmission request is answered
@@ -105,6 +109,9 @@ type entry struct {
 	m         *stack.Message
 	delivered bool // passed up already (OOB), or never to be (DontLoopback own message)
 	arrived   bool // for own messages: the loopback copy arrived (delivery may proceed)
+	// hdr is the header of an own message, allocated with its entry (one
+	// allocation per message sent instead of two).
+	hdr Header
 }
 
 var _ stack.Protocol = (*NAKACK)(nil)
@@ -182,8 +189,9 @@ func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 	t := n.tables[self]
 	n.seqno++
 	seq := n.seqno
-	m.PutHeader(n.ID(), &Header{Type: typeMsg, Seqno: seq})
-	t.msgs[seq] = &entry{m: m, delivered: m.HasTransient(stack.DontLoopback)}
+	e := &entry{m: m, delivered: m.HasTransient(stack.DontLoopback), hdr: Header{Type: typeMsg, Seqno: seq}}
+	m.PutHeader(n.ID(), &e.hdr)
+	t.msgs[seq] = e
 	t.hr = max(t.hr, seq)
 	t.bytes += int64(len(m.Payload))
 	n.mu.Unlock()
@@ -625,7 +633,8 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 			n.mu.Unlock()
 			return
 		}
-		var msgs []*stack.Message
+		msgs := t.spare[:0]
+		t.spare = nil
 		for {
 			e := t.msgs[t.hd+1]
 			if e == nil || (src == self && !e.arrived && !e.delivered) || t.held && t.hd >= t.limit && e.m != nil && !e.m.Has(stack.Internal) {
@@ -638,6 +647,7 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 			}
 		}
 		if len(msgs) == 0 {
+			t.spare = msgs
 			t.removing, finished = false, true
 			n.signalLocked()
 			n.mu.Unlock()
@@ -657,7 +667,9 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		} else {
 			n.PassUpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular, Msgs: msgs})
 		}
+		clear(msgs)
 		n.mu.Lock()
+		t.spare = msgs[:0]
 	}
 }
 
