@@ -619,6 +619,30 @@ func TestLeaverStopsWaitingAfterMaxLeaveWait(t *testing.T) {
 	})
 }
 
+// lateAtA starts A and B, has B broadcast "b0" (the first broadcast after
+// the JOINs, a replicast) and makes B's messages that match late at A,
+// below NAKACK, until let is called.
+func lateAtA(t *testing.T, match func(*stack.Message) bool) (c *stacktest.Cluster, gs []*groupfc.GroupFC, let func()) {
+	c, gs = cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
+	b := c.Addresses()[1]
+	require.NoError(t, gs[1].Broadcast(t.Context(), []byte("b0")))
+	synctest.Wait()
+	var late atomic.Bool
+	late.Store(true)
+	release := make(chan struct{})
+	var once sync.Once
+	let = func() { once.Do(func() { late.Store(false); close(release) }) }
+	d := discard.New(discard.DefaultConfig())
+	d.DropUpIf(func(m *stack.Message) bool {
+		if m.Src == b && late.Load() && match(m) {
+			<-release
+		}
+		return false
+	})
+	require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+	return c, gs, let
+}
+
 // TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt: B broadcasts (by
 // multicast) and then unicasts to A; the multicast is late at A, so the
 // unicast, on another path, arrives first. A holds the unicast until the
@@ -626,28 +650,9 @@ func TestLeaverStopsWaitingAfterMaxLeaveWait(t *testing.T) {
 // A delivers in B's order.
 func TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
-		ctx := t.Context()
-		addrs := c.Addresses()
-		synctest.Wait()
-		// The first broadcast after the JOINs goes by replicast; the
-		// second by multicast.
-		require.NoError(t, gs[1].Broadcast(ctx, []byte("b0")))
-		synctest.Wait()
-		var late atomic.Bool
-		late.Store(true)
-		release := make(chan struct{})
-		var once sync.Once
-		let := func() { once.Do(func() { late.Store(false); close(release) }) }
+		c, gs, let := lateAtA(t, func(m *stack.Message) bool { return m.IsMulticast() })
 		defer let()
-		d := discard.New(discard.DefaultConfig())
-		d.DropUpIf(func(m *stack.Message) bool {
-			if m.IsMulticast() && m.Src == addrs[1] && late.Load() {
-				<-release
-			}
-			return false
-		})
-		require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+		ctx, addrs := t.Context(), c.Addresses()
 		require.NoError(t, gs[1].Broadcast(ctx, []byte("b1")))
 		require.NoError(t, gs[1].Unicast(ctx, addrs[0], []byte("u1")))
 		synctest.Wait()
@@ -664,26 +669,9 @@ func TestUnicastIsDeliveredAfterTheBroadcastsBeforeIt(t *testing.T) {
 // delivers both in B's order. By multicast it would overtake.
 func TestBroadcastAfterAUnicastDoesNotOvertakeIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
-		ctx := t.Context()
-		addrs := c.Addresses()
-		synctest.Wait()
-		require.NoError(t, gs[1].Broadcast(ctx, []byte("b0")))
-		synctest.Wait()
-		var late atomic.Bool
-		late.Store(true)
-		release := make(chan struct{})
-		var once sync.Once
-		let := func() { once.Do(func() { late.Store(false); close(release) }) }
+		c, gs, let := lateAtA(t, func(m *stack.Message) bool { return !m.IsMulticast() && string(m.Payload) == "u1" })
 		defer let()
-		d := discard.New(discard.DefaultConfig())
-		d.DropUpIf(func(m *stack.Message) bool {
-			if !m.IsMulticast() && m.Src == addrs[1] && string(m.Payload) == "u1" && late.Load() {
-				<-release
-			}
-			return false
-		})
-		require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+		ctx, addrs := t.Context(), c.Addresses()
 		require.NoError(t, gs[1].Unicast(ctx, addrs[0], []byte("u1")))
 		require.NoError(t, gs[1].Broadcast(ctx, []byte("b1")))
 		synctest.Wait()
