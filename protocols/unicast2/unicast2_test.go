@@ -556,3 +556,23 @@ func TestOOBAboveAGapIsNotDeliveredAgainAfterTheReceiverCloses(t *testing.T) {
 		require.Equal(t, []int{0, 2, 1, 3}, p.recvFrom(), "each message once; the OOB one not again")
 	})
 }
+
+// TestNewConnectionDoesNotContinueAClosedOnesRecord: a split closes both
+// sides (a view without the other); B remembers that A's old connection
+// delivered seqnos 1-5. After the merge A opens a new connection, whose
+// seqnos start at 1 again. B must not take the old record for it (it is
+// for another connection id), or it would drop A's first five new
+// messages as duplicates, silently.
+func TestNewConnectionDoesNotContinueAClosedOnesRecord(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPair(t, 1, testConfig(), false, nil)
+		p.sendRange(t, 0, 4)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 5 }, "the first five delivered")
+		stacktest.InjectView(t, stack.NewView(p.aa, 5, p.aa), p.a)
+		stacktest.InjectView(t, stack.NewView(p.ba, 5, p.ba), p.b)
+		require.EqualValues(t, 1, stacktest.Stat(t, p.u[1], "closed_connections_remembered"))
+		p.sendRange(t, 5, 9)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 10 }, "A's messages on its new connection are delivered")
+		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, p.recvFrom())
+	})
+}
