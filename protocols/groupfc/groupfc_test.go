@@ -535,10 +535,11 @@ func TestViewChangeDoesNotWaitForTheApplication(t *testing.T) {
 
 // TestRepliesFromReceiveDoNotStall: B answers every request from A with a
 // unicast sent inside its Receive (the seed-003 shape). The reply waits for
-// B's window toward A, which A's ADVs refill; they come on the lane that
-// brings A's requests to B. Delivering on that lane would make B's Receive
-// wait for an ADV queued behind the request it is handling: all 2,000
-// exchanges must complete.
+// B's window toward A, which A's ADVs refill. Delivering the requests on
+// the lane that brings A's ADVs would make B's Receive wait for an ADV
+// queued behind the request it is handling (ADVs are INTERNAL now, and
+// GROUPFC delivers on goroutines of its own): all 2,000 exchanges must
+// complete.
 func TestRepliesFromReceiveDoNotStall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, gs := cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
