@@ -121,7 +121,14 @@ type sendEntry struct {
 	progress time.Time     // last STABLE that advanced, last send into an empty window, or last resend
 	backoff  time.Duration // wait without progress before the next resend; doubles per resend
 	used     time.Time
+	// hdrs: headers of the next messages, allocated hdrSlab at a time
+	// (one allocation per hdrSlab messages instead of one per message;
+	// a slab lives while a message that uses it is kept).
+	hdrs []Header
 }
+
+// hdrSlab is how many data headers are allocated at once.
+const hdrSlab = 64
 
 // recvEntry is the receive window from one source: seqnos below next are
 // delivered; buf holds what arrived above.
@@ -137,6 +144,10 @@ type recvEntry struct {
 	removing   bool
 	used       time.Time
 	xmit       stack.Pacer
+	// spare: the slice the remover gathers messages in, kept between runs
+	// (only the remover touches it; the layers above do not keep a
+	// batch's slice once they return).
+	spare []*stack.Message
 }
 
 type tombstone struct {
@@ -220,7 +231,11 @@ func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
 		e.progress = now
 	}
 	e.used = now
-	m.PutHeader(u.ID(), &Header{Type: typeData, Seqno: seq, ConnID: e.connID, First: seq == 1})
+	if len(e.hdrs) == cap(e.hdrs) {
+		e.hdrs = make([]Header, 0, hdrSlab)
+	}
+	e.hdrs = append(e.hdrs, Header{Type: typeData, Seqno: seq, ConnID: e.connID, First: seq == 1})
+	m.PutHeader(u.ID(), &e.hdrs[len(e.hdrs)-1])
 	e.msgs = append(e.msgs, m)
 	u.mu.Unlock()
 	u.st.sent.Add(1)
@@ -503,7 +518,8 @@ func (u *Unicast2) deliverFrom(src stack.Address) {
 			u.mu.Unlock()
 			return
 		}
-		var msgs []*stack.Message
+		msgs := e.spare[:0]
+		e.spare = nil
 		for {
 			m, ok := e.buf[e.next]
 			if !ok {
@@ -516,6 +532,7 @@ func (u *Unicast2) deliverFrom(src stack.Address) {
 			}
 		}
 		if len(msgs) == 0 {
+			e.spare = msgs
 			e.removing = false
 			finished = true
 			u.mu.Unlock()
@@ -528,7 +545,9 @@ func (u *Unicast2) deliverFrom(src stack.Address) {
 		} else {
 			u.PassUpBatch(&stack.Batch{Src: src, Dest: u.LocalAddress(), Lane: stack.LaneRegular, Msgs: msgs})
 		}
+		clear(msgs)
 		u.mu.Lock()
+		e.spare = msgs[:0]
 	}
 }
 
