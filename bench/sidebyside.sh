@@ -13,11 +13,20 @@
 #   uc2         2 members in one process, unicast to each other: mean per member
 #
 # JGroups comes from ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to
-# override); it is used from there, never copied here. Needs go, java,
+# override); it is used from there, never copied here. JGROUPS=2.12 runs
+# Debian's JGroups 2.12 (libjgroups-java) through bench/jgroups212 instead
+# (shapes mc2x1, mc4x4, uc2). Needs go, java,
 # javac and python3. The machine is noisy: compare the ratios of one run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jg=${JGROUPS5_RUN:-$root/../shared/bench/jgroups5/run.sh}
+label=jgroups5
+if [ "${JGROUPS:-5}" = 2.12 ]; then
+  # JGroups 2.12 from Debian (apt-get install libjgroups-java) with our own
+  # driver, bench/jgroups212 (one JVM; no -join shape).
+  jg=$root/bench/jgroups212/run.sh
+  label=jgroups2.12
+fi
 runs=${RUNS:-5}
 shapes=${SHAPES:-mc2x1 mc2x1-join mc4x4 uc2}
 tmp=$(mktemp -d)
@@ -107,7 +116,7 @@ run_jgroups() {
 median() { sort -n | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print int((a[NR/2] + a[NR/2+1]) / 2)}'; }
 
 echo "# $(date -u +%Y-%m-%d) on $(nproc) cores, $(uname -sr); $runs interleaved runs per shape; msgs/s received"
-printf '%-11s %12s %12s %7s   %s\n' shape strata jgroups5 ratio "strata runs | jgroups runs"
+printf '%-11s %12s %12s %7s   %s\n' shape strata "$label" ratio "strata runs | jgroups runs"
 for shape in $shapes; do
   s=() j=()
   for i in $(seq 1 "$runs"); do
