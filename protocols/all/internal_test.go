@@ -195,7 +195,10 @@ func controlWorkload(t *testing.T, file string, spy *headerSpy) {
 	r.stopAll()
 	wg.Wait()
 	r.net.SetDefault(sim.Rule{})
-	// Long enough for the periodic protocols (STABLE, MERGE3, FD_ALL) to
-	// speak on a quiet group.
-	time.Sleep(30 * time.Second)
+	// The periodic protocols speak on the quiet group too.
+	r.require(waitUntil(time.Minute, func() bool {
+		spy.mu.Lock()
+		defer spy.mu.Unlock()
+		return spy.seen[stack.IDSTABLE] && spy.seen[stack.IDMERGE3] && spy.seen[stack.IDFDALL]
+	}), "STABLE, MERGE3 and FD_ALL spoke")
 }
