@@ -496,7 +496,12 @@ func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
 		}
 	}
 	n.mu.Unlock()
-	n.deliverAsync(lifted) // see release
+	// The lifted messages belong to the view the flush ends: delivered
+	// here, before the reconcile answers (a Receive that blocks holds up
+	// only this reconcile, bounded by its context, not FLUSH's locks).
+	for _, src := range lifted {
+		n.deliverFrom(src)
+	}
 	tick := time.NewTicker(n.cfg.XmitInterval)
 	defer tick.Stop()
 	ask, tries := true, 0
