@@ -13,9 +13,15 @@ import (
 //     never queued behind application messages.
 //
 // Delivery never blocks the caller (the transport's reader): work beyond the
-// worker limits waits in a queue.
+// worker limits waits in a queue. What waits is bounded (maxBytes, the
+// transport's max_queued_bytes): per sender on the regular lane, per pool
+// on the others. What would go beyond it is dropped and counted, as a full
+// socket buffer drops; the reliable layers above fetch it again. Own
+// messages (loopback) are never dropped: the local member's flow control
+// already bounds them, and NAKACK waits for its own copy.
 type lanes struct {
-	up func(*Batch) // the transport's PassUpBatch
+	up       func(*Batch) // the transport's PassUpBatch
+	maxBytes atomic.Int64 // bound of each queue; 0: none
 
 	mu      sync.Mutex
 	senders map[senderKey]*senderQueue
@@ -24,6 +30,30 @@ type lanes struct {
 	wg      sync.WaitGroup
 
 	delivered [numLanes]atomic.Int64
+	dropped   [numLanes]atomic.Int64 // messages dropped: their queue was full
+	peak      atomic.Int64           // the most bytes one queue has held (not counting loopback)
+}
+
+// queueCost is what a queued message is counted as: its payload and a
+// fixed share for the message and its headers, so that a flood of empty
+// messages is bounded too.
+func queueCost(m *Message) int64 { return int64(len(m.Payload)) + 128 }
+
+// fits reports whether a message of cost c may join a queue holding q
+// bytes.
+func (l *lanes) fits(q, c int64) bool {
+	m := l.maxBytes.Load()
+	return m <= 0 || q+c <= m
+}
+
+// notePeak records a queue's size if it is the largest yet.
+func (l *lanes) notePeak(q int64) {
+	for {
+		p := l.peak.Load()
+		if q <= p || l.peak.CompareAndSwap(p, q) {
+			return
+		}
+	}
 }
 
 type senderKey struct {
@@ -34,6 +64,7 @@ type senderKey struct {
 type senderQueue struct {
 	running bool
 	pending []*Message
+	bytes   int64 // queueCost of pending
 	spare   []*Message
 	batch   Batch
 }
@@ -46,29 +77,30 @@ const (
 
 func newLanes(up func(*Batch)) *lanes {
 	l := &lanes{up: up, senders: make(map[senderKey]*senderQueue)}
-	l.oob = pool{max: maxOOBWorkers, l: l}
-	l.intl = pool{max: maxInternalWorkers, l: l}
+	l.oob = pool{max: maxOOBWorkers, l: l, lane: LaneOOB}
+	l.intl = pool{max: maxInternalWorkers, l: l, lane: LaneInternal}
 	return l
 }
 
 // deliver takes ownership of bt (a batch of one sender and one lane) unless
-// it is regular, whose messages it copies out.
-func (l *lanes) deliver(bt *Batch) {
+// it is regular, whose messages it copies out. own: bt is the local
+// member's loopback, never dropped.
+func (l *lanes) deliver(bt *Batch, own bool) {
 	if len(bt.Msgs) == 0 {
 		return
 	}
 	l.delivered[bt.Lane].Add(int64(len(bt.Msgs)))
 	switch bt.Lane {
 	case LaneOOB:
-		l.oob.submit(bt)
+		l.oob.submit(bt, own)
 	case LaneInternal:
-		l.intl.submit(bt)
+		l.intl.submit(bt, own)
 	default:
-		l.deliverRegular(bt)
+		l.deliverRegular(bt, own)
 	}
 }
 
-func (l *lanes) deliverRegular(bt *Batch) {
+func (l *lanes) deliverRegular(bt *Batch, own bool) {
 	k := senderKey{src: bt.Src, mcast: bt.Dest.IsZero()}
 	l.mu.Lock()
 	q := l.senders[k]
@@ -77,7 +109,26 @@ func (l *lanes) deliverRegular(bt *Batch) {
 		q.batch.Src, q.batch.Dest, q.batch.Lane = bt.Src, bt.Dest, LaneRegular
 		l.senders[k] = q
 	}
-	q.pending = append(q.pending, bt.Msgs...)
+	dropped := 0
+	for _, m := range bt.Msgs {
+		c := queueCost(m)
+		if !own && !l.fits(q.bytes, c) {
+			dropped++
+			continue
+		}
+		q.bytes += c
+		q.pending = append(q.pending, m)
+	}
+	if dropped > 0 {
+		l.dropped[LaneRegular].Add(int64(dropped))
+	}
+	if !own {
+		l.notePeak(q.bytes)
+	}
+	if len(q.pending) == 0 {
+		l.mu.Unlock()
+		return
+	}
 	start := !q.running
 	q.running = true
 	if start {
@@ -100,7 +151,7 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 			l.mu.Lock()
 			q.running = false
 			clear(q.pending)
-			q.pending = q.pending[:0]
+			q.pending, q.bytes = q.pending[:0], 0
 			l.mu.Unlock()
 		}
 	}()
@@ -116,7 +167,7 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 			return
 		}
 		msgs := q.pending
-		q.pending = q.spare[:0]
+		q.pending, q.bytes = q.spare[:0], 0
 		l.mu.Unlock()
 
 		q.batch.Msgs = msgs
@@ -127,18 +178,40 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 	}
 }
 
-// pool runs batches on up to max goroutines; the rest wait in a FIFO.
+// pool runs batches on up to max goroutines; the rest wait in a FIFO of at
+// most the lanes' maxBytes.
 type pool struct {
 	l       *lanes
+	lane    Lane
 	max     int
 	mu      sync.Mutex
 	running int
 	queue   []*Batch
+	bytes   int64 // batchCost of queue
 }
 
-func (p *pool) submit(bt *Batch) {
+// batchCost is the queueCost of bt's messages.
+func batchCost(bt *Batch) int64 {
+	var c int64
+	for _, m := range bt.Msgs {
+		c += queueCost(m)
+	}
+	return c
+}
+
+func (p *pool) submit(bt *Batch, own bool) {
 	p.mu.Lock()
 	if p.running >= p.max {
+		c := batchCost(bt)
+		if !own && !p.l.fits(p.bytes, c) {
+			p.mu.Unlock()
+			p.l.dropped[p.lane].Add(int64(len(bt.Msgs)))
+			return
+		}
+		p.bytes += c
+		if !own {
+			p.l.notePeak(p.bytes)
+		}
 		p.queue = append(p.queue, bt)
 		p.mu.Unlock()
 		return
@@ -171,6 +244,7 @@ func (p *pool) work(bt *Batch) {
 		bt = p.queue[0]
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
+		p.bytes -= batchCost(bt)
 		p.mu.Unlock()
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/discard"
+	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -224,5 +225,57 @@ func TestDisconnectAndReconnectGetsNewAddress(t *testing.T) {
 		require.NoError(t, a.Close())
 		require.ErrorIs(t, a.SendTo(t.Context(), stack.Address{}, []byte("x")), stack.ErrClosed)
 		require.ErrorIs(t, a.Connect(t.Context(), "test"), stack.ErrClosed)
+	})
+}
+
+// TestFullQueueDropsAndCountsButNeverOwnMessages fills B's regular queue for
+// A while B's Receive is blocked: what goes beyond max_queued_bytes is
+// dropped and counted, the queue never holds more, and B's own multicasts
+// (looped back, which NAKACK waits for) are never dropped.
+func TestFullQueueDropsAndCountsButNeverOwnMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const bound, size, count = 64 << 10, 1000, 500
+		net := stacktest.NewNetwork(t, 1)
+		transports := make([]*sim.SIM, 2)
+		c := stacktest.Start(t, 2, func(i int) []stack.Protocol {
+			cfg := sim.DefaultConfig()
+			cfg.Network, cfg.MaxQueued = net.Name(), bound
+			transports[i] = sim.New(cfg)
+			return []stack.Protocol{transports[i]}
+		})
+		c.Net = net
+		c.InjectView(t)
+		a, b := c.Channels[0], c.Channels[1]
+		release := make(chan struct{})
+		var once sync.Once
+		open := func() { once.Do(func() { close(release) }) }
+		t.Cleanup(open) // before the channels close, if a check fails
+		var blocked atomic.Bool
+		c.Recv[1].OnMsg = func(m *stack.Message) {
+			if m.Src == a.Address() && blocked.CompareAndSwap(false, true) {
+				<-release // the application blocks in Receive
+			}
+		}
+		ctx := t.Context()
+		for i := range count {
+			require.NoError(t, a.Send(ctx, stack.NewMessage(b.Address(), stacktest.Payload(0, i, size))))
+		}
+		for i := range count {
+			require.NoError(t, b.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(1, i, size))))
+		}
+		synctest.Wait()
+		dropped := stacktest.Stat(t, transports[1], "dropped_queue_full_regular")
+		peak := stacktest.Stat(t, transports[1], "queued_bytes_peak")
+		require.Positive(t, dropped, "A's messages beyond the bound are dropped")
+		require.LessOrEqual(t, peak, int64(bound), "no queue holds more than max_queued_bytes")
+		open()
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == 2*count-int(dropped) }, "the rest delivered")
+		own := 0
+		for _, m := range c.Recv[1].Messages() {
+			if m.Src == b.Address() {
+				own++
+			}
+		}
+		require.Equal(t, count, own, "every own multicast delivered: loopback is never dropped")
 	})
 }

@@ -104,9 +104,11 @@ func (t *TransportBase) Stats() []Stat {
 		{"dropped_own_multicast", c.DroppedOwn.Load()},
 		{"dropped_not_for_us", c.DroppedNotForUs.Load()},
 	}
+	out = append(out, Stat{"queued_bytes_peak", t.st.lanes.peak.Load()})
 	for l := range numLanes {
 		name := Lane(l).String()
 		out = append(out,
+			Stat{"dropped_queue_full_" + name, t.st.lanes.dropped[l].Load()},
 			Stat{"msgs_sent_" + name, c.LaneMsgsSent[l].Load()},
 			Stat{"bytes_sent_" + name, c.LaneBytesSent[l].Load()},
 			Stat{"msgs_received_" + name, c.LaneMsgsRecv[l].Load()},
@@ -144,12 +146,16 @@ func (t *TransportBase) PrepareSend(m *Message) bool {
 func (t *TransportBase) loopback(m *Message) {
 	t.counters.Loopbacks.Add(1)
 	c := m.Copy()
-	t.Deliver(&Batch{Src: c.Src, Dest: c.Dest, Lane: c.Lane(), Msgs: []*Message{c}})
+	t.deliver(&Batch{Src: c.Src, Dest: c.Dest, Lane: c.Lane(), Msgs: []*Message{c}}, true)
 }
 
 // Deliver hands bt (one sender, one lane, one destination) to the lanes. The
 // lanes own bt afterwards.
-func (t *TransportBase) Deliver(bt *Batch) {
+func (t *TransportBase) Deliver(bt *Batch) { t.deliver(bt, false) }
+
+// deliver is Deliver; own marks the local member's loopback, which the
+// lanes never drop.
+func (t *TransportBase) deliver(bt *Batch, own bool) {
 	t.counters.MsgsReceived.Add(int64(len(bt.Msgs)))
 	var n int64
 	for _, m := range bt.Msgs {
@@ -157,8 +163,20 @@ func (t *TransportBase) Deliver(bt *Batch) {
 	}
 	t.counters.LaneMsgsRecv[bt.Lane].Add(int64(len(bt.Msgs)))
 	t.counters.LaneBytesRecv[bt.Lane].Add(n)
-	t.st.lanes.deliver(bt)
+	t.st.lanes.deliver(bt, own)
 }
+
+// DefaultMaxQueued is the default of a transport's max_queued_bytes: four
+// times the shipped stacks' max_credits, so that a sender within its
+// credits is never dropped for want of room, and retransmissions fit too.
+const DefaultMaxQueued = 16 << 20
+
+// SetMaxQueued bounds the bytes each delivery queue holds (a transport's
+// max_queued_bytes; 0: no bound). Per sender on the regular lane, per lane
+// on the OOB and internal lanes; beyond it, received messages are dropped
+// and counted (dropped_queue_full_<lane>), so a peer that ignores flow
+// control cannot grow this member's memory. Transports call it from Init.
+func (t *TransportBase) SetMaxQueued(n Size) { t.st.lanes.maxBytes.Store(int64(n)) }
 
 // Receive decodes a datagram holding a bundle and delivers its messages,
 // split by lane. Bundles of another cluster or wire version, malformed input,

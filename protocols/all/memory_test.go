@@ -2,6 +2,7 @@ package all_test
 
 import (
 	"context"
+	"encoding/binary"
 	"runtime"
 	"runtime/metrics"
 	"sync"
@@ -102,5 +103,96 @@ func TestSlowReceiverKeepsHeapsFlat(t *testing.T) {
 		sample()
 		t.Logf("live heap: %d MB at the start, %d MB at the peak, after %d MB through a slow receiver", start>>20, peak.Load()>>20, total>>20)
 		require.Less(t, peak.Load(), start+bound, "the live heap stays within %d MB of the start", bound>>20)
+	})
+}
+
+// orderedCounter is a slow Receiver that checks each sender's messages
+// come in order per kind (the first 8 bytes of a payload are its index).
+type orderedCounter struct {
+	slowCounter
+	mu   sync.Mutex
+	next map[bool]uint64 // by multicast
+	bad  atomic.Int64
+}
+
+func (o *orderedCounter) Receive(m *stack.Message) {
+	o.mu.Lock()
+	k := m.Dest.IsZero()
+	if binary.BigEndian.Uint64(m.Payload) != o.next[k] {
+		o.bad.Add(1)
+	}
+	o.next[k]++
+	o.mu.Unlock()
+	o.slowCounter.Receive(m)
+}
+
+// TestPeerIgnoringCreditsCannotGrowTheReceiver: A sends 64 MB (8 KB
+// messages, half multicast, half unicast) to a slow B with every message
+// marked NO_FC, as a peer that ignores UFC and MFC would, all at once. B's
+// delivery queues and NAKACK's and UNICAST2's buffers stay within their
+// bounds (max_queued_bytes, max_buffered_bytes: 16 MB each by default); the
+// excess is dropped and counted, fetched again, and in the end B has
+// every message once and in order.
+func TestPeerIgnoringCreditsCannotGrowTheReceiver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: sends 64 MB")
+	}
+	const (
+		size  = 8 << 10
+		total = 64 << 20
+		each  = total / size / 2
+		bound = 16 << 20
+	)
+	synctest.Test(t, func(t *testing.T) {
+		net := stacktest.NewNetwork(t, 1)
+		data := simStack(t, "udp.toml", "")
+		vars := map[string]string{"STRATA_SIM_NETWORK": net.Name()}
+		recv := &orderedCounter{next: map[bool]uint64{}}
+		var chs []*stack.Channel
+		for i, r := range []stack.Receiver{stack.ReceiverFuncs{}, recv} {
+			sc, err := stack.ParseConfigVars("udp.toml", data, vars)
+			require.NoError(t, err)
+			ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ch.Close() })
+			require.NoError(t, ch.Connect(t.Context(), "ignorer"))
+			chs = append(chs, ch)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			v := chs[0].View()
+			return v != nil && len(v.Members) == 2
+		}, "one view of two")
+		b := chs[1].Address()
+		var wg sync.WaitGroup
+		for _, dest := range []stack.Address{{}, b} {
+			wg.Go(func() {
+				for i := range each {
+					p := make([]byte, size)
+					binary.BigEndian.PutUint64(p, uint64(i))
+					if err := chs[0].Send(t.Context(), stack.NewMessage(dest, p).Set(stack.NoFC)); err != nil {
+						t.Errorf("send %d to %v: %v", i, dest, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		stacktest.WaitFor(t, time.Hour, func() bool { return recv.bytes.Load() == total }, "B received all of it")
+		stats := map[string]int64{}
+		for _, p := range chs[1].Stack().Protocols() {
+			if r, ok := p.(stack.StatsReporter); ok {
+				for _, s := range r.Stats() {
+					stats[p.Name()+"."+s.Name] = s.Value
+				}
+			}
+		}
+		t.Logf("B: queue peak %d KB, NAKACK buffer peak %d KB, UNICAST2 buffer peak %d KB; dropped: queue full %d, NAKACK %d, UNICAST2 %d",
+			stats["SIM.queued_bytes_peak"]>>10, stats["NAKACK.buffered_bytes_peak"]>>10, stats["UNICAST2.buffered_bytes_peak"]>>10,
+			stats["SIM.dropped_queue_full_regular"], stats["NAKACK.dropped_buffer_full"], stats["UNICAST2.dropped_buffer_full"])
+		require.Zero(t, recv.bad.Load(), "B got each sender's messages in order")
+		require.Positive(t, stats["SIM.dropped_queue_full_regular"], "B dropped what did not fit")
+		require.LessOrEqual(t, stats["SIM.queued_bytes_peak"], int64(bound))
+		require.LessOrEqual(t, stats["NAKACK.buffered_bytes_peak"], int64(bound))
+		require.LessOrEqual(t, stats["UNICAST2.buffered_bytes_peak"], int64(bound))
 	})
 }

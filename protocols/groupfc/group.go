@@ -126,6 +126,7 @@ type group struct {
 	loopback  bool
 	events    bool
 	maxActive int // 0: TIPC's formula
+	maxUnread int // blocks a sender may have unread here; beyond, its data is dropped (0: no bound)
 
 	members   map[stack.Address]*member
 	smallWin  []*member // receivers with window < advIdle, ascending
@@ -144,6 +145,7 @@ type group struct {
 
 	reclaims, remits, acks  int64
 	overruns                int64 // data beyond what was advertised (a sender broke the window)
+	overrunDrops            int64 // data dropped: beyond maxUnread
 	activePeak              int
 	unreadBytes, unreadPeak int64 // received from all members and not yet read
 }
@@ -482,8 +484,16 @@ func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
 	if (h.Type == typeBcast || h.Type == typeMcast) && h.Seqno < m.bcRcvNxt {
 		return false // below the sync point, or a duplicate
 	}
+	blks := blocks(len(msg.Payload))
+	if g.maxUnread > 0 && m.unread+blks > g.maxUnread {
+		// Far beyond any window this member gave: a sender that ignores
+		// the windows. Dropped (and counted by the caller), so it cannot
+		// grow this member's queues.
+		g.overrunDrops++
+		return false
+	}
 	it := &item{typ: h.Type, seqno: h.Seqno, m: msg, ack: h.AckReq}
-	m.unread += blocks(len(msg.Payload))
+	m.unread += blks
 	if m.unread > m.advertised && m.state != Leaving {
 		g.overruns++
 	}

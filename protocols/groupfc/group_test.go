@@ -826,3 +826,26 @@ func TestMemberThatLeavesBeforeItsAckIsNotWaitedFor(t *testing.T) {
 	require.Zero(t, a.bcAckers, "B acked, C is not waited for")
 	require.True(t, h.bcast("A", 10), "the next broadcast does not block")
 }
+
+// A sender that ignores the windows (B sends 2 MB of broadcasts that A
+// never reads) cannot grow A's queues past max_unread_bytes: its excess
+// is dropped and counted.
+func TestSenderIgnoringTheWindowsIsDroppedBeyondMaxUnread(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	a := h.n("A").g
+	a.maxUnread = 2 * advActive
+	seq := h.n("B").g.bcSndNxt
+	accepted := 0
+	for range 2000 {
+		hd := &Header{Type: typeBcast, Seqno: seq}
+		if a.data(h.a("B"), hd, stack.NewMessage(h.a("A"), make([]byte, 1000)).PutHeader(stack.IDGROUPFC, hd)) {
+			accepted++
+			seq++
+		}
+	}
+	require.Positive(t, a.overrunDrops, "the excess is dropped and counted")
+	require.LessOrEqual(t, h.m("A", "B").unread, a.maxUnread, "unread blocks stay within the bound")
+	require.Equal(t, 2*advActive/blocks(1000), accepted)
+	require.LessOrEqual(t, a.unreadBytes, int64(a.maxUnread*blockSize))
+}

@@ -37,11 +37,12 @@ type Config struct {
 	MaxActive    int           `toml:"max_active" doc:"senders a receiver lets use the large window at once (0: TIPC's max(min((members+1)/8, 64), 16))"`
 	LeaveTimeout time.Duration `toml:"leave_timeout" doc:"how long a member that left the view with its LEAVE may take to deliver what it sent before it is given up; a leaver that waits longer for the members to confirm its LEAVE says so (it waits until they do, leave the view, its context ends or max_leave_wait passes)"`
 	MaxLeaveWait time.Duration `toml:"max_leave_wait" doc:"the longest a leaver waits for the members to confirm its LEAVE; bounds the wait for a member that stopped without a word when no failure detection removes it from the view"`
+	MaxUnread    stack.Size    `toml:"max_unread_bytes" doc:"window bytes a sender may have unread at this member; a sender that goes beyond it ignores the windows, and its excess is dropped and counted (at least the largest window, 780 KB)"`
 }
 
 // DefaultConfig returns GROUPFC's defaults.
 func DefaultConfig() Config {
-	return Config{LeaveTimeout: 2 * time.Second, MaxLeaveWait: 30 * time.Second}
+	return Config{LeaveTimeout: 2 * time.Second, MaxLeaveWait: 30 * time.Second, MaxUnread: 4 * advActive * blockSize}
 }
 
 // Validate checks the config.
@@ -53,6 +54,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("leave_timeout", "must be > 0, got %s", c.LeaveTimeout)
 	case c.MaxLeaveWait < c.LeaveTimeout:
 		return stack.BadKey("max_leave_wait", "must be >= leave_timeout (%s), got %s", c.LeaveTimeout, c.MaxLeaveWait)
+	case c.MaxUnread < advActive*blockSize:
+		return stack.BadKey("max_unread_bytes", "must be at least the largest window (%d), got %d", advActive*blockSize, c.MaxUnread)
 	}
 	return nil
 }
@@ -697,6 +700,7 @@ func (p *GroupFC) Start() error {
 	defer p.mu.Unlock()
 	self := p.LocalAddress()
 	p.g = newGroup(self, p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents, p.cfg.MaxActive)
+	p.g.maxUnread = int(p.cfg.MaxUnread / blockSize)
 	p.leaveWait, p.leaveDone = nil, nil
 	p.g.mandatory = true
 	if p.cfg.Loopback {
@@ -817,7 +821,7 @@ func (p *GroupFC) Members() []MemberInfo {
 func (p *GroupFC) Stats() []stack.Stat {
 	p.mu.Lock()
 	var members, active, pending, deferred, small, reclaims, remits, acks int64
-	var activePeak, unread, unreadPeak, overruns int64
+	var activePeak, unread, unreadPeak, overruns, overrunDrops int64
 	if g := p.g; g != nil {
 		members, active, pending, small = int64(len(g.members)), int64(g.activeCnt), int64(len(g.pending)), int64(len(g.smallWin))
 		for _, m := range g.members {
@@ -825,6 +829,7 @@ func (p *GroupFC) Stats() []stack.Stat {
 		}
 		reclaims, remits, acks = g.reclaims, g.remits, g.acks
 		activePeak, unread, unreadPeak, overruns = int64(g.activePeak), g.unreadBytes, g.unreadPeak, g.overruns
+		overrunDrops = g.overrunDrops
 	}
 	p.mu.Unlock()
 	return []stack.Stat{
@@ -840,6 +845,7 @@ func (p *GroupFC) Stats() []stack.Stat {
 		{Name: "unread_bytes", Value: unread},
 		{Name: "unread_bytes_peak", Value: unreadPeak},
 		{Name: "window_overruns", Value: overruns},
+		{Name: "dropped_window_overrun", Value: overrunDrops},
 		{Name: "delivered", Value: p.delivered_.Load()},
 		{Name: "blocked_sends", Value: p.blockedSends.Load()},
 		{Name: "blocked_ms", Value: p.blockedNanos.Load() / 1e6},

@@ -20,10 +20,13 @@ import (
 type Config struct {
 	XmitInterval time.Duration `toml:"xmit_interval" doc:"how often receivers ask again for missing messages, backing off (the first request goes xmit_interval/50 after the gap appears), and idle senders announce their highest seqno"`
 	MaxXmitReq   int           `toml:"max_xmit_req" doc:"most missing seqnos asked for in one XMIT_REQ"`
+	MaxBuffered  stack.Size    `toml:"max_buffered_bytes" doc:"payload bytes received from one sender and not yet delivered (above a gap, or held by a flush); more are dropped and counted, and fetched again once delivery moves on (0: no bound)"`
 }
 
 // DefaultConfig returns NAKACK's defaults.
-func DefaultConfig() Config { return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 256} }
+func DefaultConfig() Config {
+	return Config{XmitInterval: 500 * time.Millisecond, MaxXmitReq: 256, MaxBuffered: 16 << 20}
+}
 
 // firstXmit is how long a gap must stay before the first request for it,
 // and how often gapWatch looks while there is one: on a LAN a lost datagram
@@ -38,6 +41,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("xmit_interval", "must be > 0, got %s", c.XmitInterval)
 	case c.MaxXmitReq < 1 || c.MaxXmitReq > stack.MaxSeqnoList:
 		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", stack.MaxSeqnoList, c.MaxXmitReq)
+	case c.MaxBuffered < 0:
+		return stack.BadKey("max_buffered_bytes", "must be >= 0, got %d", c.MaxBuffered)
 	}
 	return nil
 }
@@ -73,6 +78,7 @@ type NAKACK struct {
 
 type stats struct {
 	sent, received, delivered, duplicates, nonMember, tooFar atomic.Int64
+	bufferFull, bufferedPeak                                 atomic.Int64
 	xmitReqSent, xmitReqRecv, xmits, gaps, highest           atomic.Int64
 	purged, stableEvents, purgedAnswers, skipped             atomic.Int64
 }
@@ -83,6 +89,7 @@ type table struct {
 	low, hd, hr uint64
 	msgs        map[uint64]*entry
 	bytes       int64
+	buffered    int64 // payload bytes of messages not yet delivered (max_buffered_bytes)
 	removing    bool
 	// rc goes up with what the remover passes up; the channel marks it when
 	// they reach the application, so a flush need not wait for the callback.
@@ -99,6 +106,15 @@ type table struct {
 	// runs (only the remover touches it; the layers above do not keep a
 	// batch's slice once they return).
 	spare []*stack.Message
+}
+
+// addBuffered counts d bytes more (or less) not yet delivered, and keeps
+// the peak; callers hold n.mu.
+func (t *table) addBuffered(d int64, st *stats) {
+	t.buffered += d
+	if t.buffered > st.bufferedPeak.Load() {
+		st.bufferedPeak.Store(t.buffered)
+	}
 }
 
 // maxXmitBytes caps the payload one retransmission request is answered
@@ -369,6 +385,15 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		return false, nil
 	}
 	e := t.msgs[seq]
+	size := int64(len(m.Payload))
+	if (e == nil || e.m == nil) && m.Src != self && seq != t.hd+1 && n.cfg.MaxBuffered > 0 && t.buffered+size > int64(n.cfg.MaxBuffered) {
+		// Full (a sender beyond its credits, or a long gap): dropped and
+		// fetched again later. The next seqno to deliver is always
+		// taken, so delivery can move on and make room.
+		n.st.bufferFull.Add(1)
+		t.hr = max(t.hr, seq) // asked for again as a gap
+		return false, nil
+	}
 	switch {
 	case e == nil:
 		e = &entry{m: m, arrived: true}
@@ -377,12 +402,14 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 			n.kickGaps()
 		}
 		t.hr = max(t.hr, seq)
-		t.bytes += int64(len(m.Payload))
+		t.bytes += size
+		t.addBuffered(size, &n.st)
 	case e.m == nil:
 		// A seqno the sender said it purged (skipPurged) came after all,
 		// before delivery passed it: deliver it.
 		e.m, e.delivered = m, false
-		t.bytes += int64(len(m.Payload))
+		t.bytes += size
+		t.addBuffered(size, &n.st)
 	case m.Src == self && !e.arrived:
 		e.arrived = true // own message, looped back: deliver from the table
 	default:
@@ -393,6 +420,9 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		// Out of band: delivered at once, unless a flush holds its sender
 		// (it was sent in the next view); then in order, when the hold ends.
 		e.delivered = true
+		if m.Src != self {
+			t.addBuffered(-size, &n.st)
+		}
 		return true, e.m
 	}
 	return true, nil
@@ -648,6 +678,9 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 			t.hd++
 			if !e.delivered {
 				e.delivered = true
+				if src != self {
+					t.buffered -= int64(len(e.m.Payload))
+				}
 				msgs = append(msgs, e.m)
 			}
 		}
@@ -952,6 +985,8 @@ func (n *NAKACK) Stats() []stack.Stat {
 		{Name: "duplicates", Value: s.duplicates.Load()},
 		{Name: "dropped_non_member", Value: s.nonMember.Load()},
 		{Name: "dropped_too_far_ahead", Value: s.tooFar.Load()},
+		{Name: "dropped_buffer_full", Value: s.bufferFull.Load()},
+		{Name: "buffered_bytes_peak", Value: s.bufferedPeak.Load()},
 		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
 		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
 		{Name: "retransmissions", Value: s.xmits.Load()},

@@ -351,3 +351,39 @@ func TestGapIsRepairedLongBeforeXmitInterval(t *testing.T) {
 		require.EqualValues(t, 1, stacktest.Stat(t, g.nak[2], "xmit_reqs_sent"), "one request")
 	})
 }
+
+// TestBufferAboveAGapIsBoundedAndRefills: B never gets A's first multicast
+// while A sends 300 KB more; what B holds above the gap stays within
+// max_buffered_bytes (the rest is dropped and counted). Once the first
+// comes, B fetches what it dropped and delivers all of it, once, in order.
+func TestBufferAboveAGapIsBoundedAndRefills(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const bound, count, size = 64 << 10, 300, 1000
+		g := &group{t: t, nak: make([]*nakack.NAKACK, 2), d: make([]*discard.Discard, 2)}
+		g.c = stacktest.StartSIM(t, 2, 1, func(i int) []stack.Protocol {
+			cfg := nakCfg()
+			cfg.MaxBuffered = bound
+			g.nak[i] = nakack.New(cfg)
+			g.d[i] = discard.New(discard.DefaultConfig())
+			return []stack.Protocol{g.d[i], g.nak[i], stable.New(stableCfg())}
+		})
+		var lose atomic.Bool
+		lose.Store(true)
+		g.d[1].DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+			return lose.Load() && ok && h.Seqno == 1
+		})
+		a := g.c.Channels[0]
+		for s := range count {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, size))))
+		}
+		synctest.Wait()
+		require.Zero(t, g.c.Recv[1].Len(), "nothing delivered above the gap")
+		require.Positive(t, stacktest.Stat(t, g.nak[1], "dropped_buffer_full"), "what does not fit is dropped")
+		require.LessOrEqual(t, stacktest.Stat(t, g.nak[1], "buffered_bytes_peak"), int64(bound), "B never holds more than max_buffered_bytes")
+		lose.Store(false)
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[1].Len() == count }, "everything delivered once the gap is filled")
+		require.Empty(t, g.c.Recv[1].CheckExactlyOnce(g.c.Addresses()[:1], count, true))
+		stacktest.WaitFor(t, time.Minute, g.allStable, "nothing held")
+	})
+}

@@ -16,11 +16,13 @@ type Config struct {
 	Network  string `toml:"network" doc:"name of the in-memory network; channels on the same name talk to each other"`
 	Seed     uint64 `toml:"seed" doc:"fault seed used when this member creates the network"`
 	QueueLen int    `toml:"queue_len" doc:"packets a member's inbox holds; more are dropped and counted, as by a full socket buffer"`
+	// MaxQueued is UDP's max_queued_bytes.
+	MaxQueued stack.Size `toml:"max_queued_bytes" doc:"received bytes waiting for delivery per sender (regular lane) or per lane (OOB, internal); more are dropped and counted (0: no bound)"`
 }
 
 // DefaultConfig returns SIM's defaults.
 func DefaultConfig() Config {
-	return Config{Network: "default", Seed: 1, QueueLen: 1 << 20}
+	return Config{Network: "default", Seed: 1, QueueLen: 1 << 20, MaxQueued: stack.DefaultMaxQueued}
 }
 
 // Validate checks the config.
@@ -30,6 +32,9 @@ func (c *Config) Validate() error {
 	}
 	if c.QueueLen <= 0 {
 		return stack.BadKey("queue_len", "must be > 0, got %d", c.QueueLen)
+	}
+	if c.MaxQueued < 0 {
+		return stack.BadKey("max_queued_bytes", "must be >= 0, got %d", c.MaxQueued)
 	}
 	return nil
 }
@@ -63,7 +68,13 @@ func (s *SIM) Name() string { return "SIM" }
 func (s *SIM) Network() *Network { return s.net }
 
 // Init validates the config.
-func (s *SIM) Init() error { return s.cfg.Validate() }
+func (s *SIM) Init() error {
+	if err := s.cfg.Validate(); err != nil {
+		return err
+	}
+	s.SetMaxQueued(s.cfg.MaxQueued)
+	return nil
+}
 
 // Start attaches the member to its network and starts the receive loop.
 func (s *SIM) Start() error {

@@ -24,6 +24,7 @@ type Config struct {
 	QueueLen   int        `toml:"bundler_queue" doc:"messages the bundler queue holds before senders block (or drop)"`
 	DropFull   bool       `toml:"drop_when_full" doc:"drop and count messages when the bundler queue is full, instead of blocking the sender"`
 	BatchSize  int        `toml:"batch_size" doc:"datagrams per recvmmsg/sendmmsg call"`
+	MaxQueued  stack.Size `toml:"max_queued_bytes" doc:"received bytes waiting for delivery per sender (regular lane) or per lane (OOB, internal); more are dropped and counted, and the reliable layers fetch them again (0: no bound)"`
 
 	UcastRecvBuf stack.Size `toml:"ucast_recv_buf_size" doc:"receive buffer of the unicast socket"`
 	UcastSendBuf stack.Size `toml:"ucast_send_buf_size" doc:"send buffer of the unicast socket"`
@@ -40,7 +41,7 @@ func DefaultConfig() Config {
 	return Config{
 		BindAddr: "127.0.0.1", BindPort: 7800, PortRange: 50,
 		IPMcast: true, McastAddr: "228.8.8.8", McastPort: 45588, IPTTL: 1, McastLoop: true,
-		BundleSize: 64000, QueueLen: 10000, BatchSize: 64,
+		BundleSize: 64000, QueueLen: 10000, BatchSize: 64, MaxQueued: stack.DefaultMaxQueued,
 		UcastRecvBuf: 4 << 20, UcastSendBuf: 1 << 20, McastRecvBuf: 4 << 20,
 		CacheExpiry: 360 * time.Second, CacheMax: 2000, WhoHasTimeout: 2 * time.Second,
 	}
@@ -67,6 +68,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("bundler_queue", "must be > 0, got %d", c.QueueLen)
 	case c.BatchSize < 1 || c.BatchSize > 1024:
 		return stack.BadKey("batch_size", "must be 1..1024, got %d", c.BatchSize)
+	case c.MaxQueued != 0 && c.MaxQueued < c.BundleSize:
+		return stack.BadKey("max_queued_bytes", "must be 0 (no bound) or at least max_bundle_size (%d), got %d", c.BundleSize, c.MaxQueued)
 	case c.UcastRecvBuf <= 0:
 		return stack.BadKey("ucast_recv_buf_size", "must be > 0, got %d", c.UcastRecvBuf)
 	case c.UcastSendBuf <= 0:

@@ -99,6 +99,7 @@ func (u *UDP) Init() error {
 		return fmt.Errorf("udp: %w", err)
 	}
 	u.bindIP, u.iface = ip, ifc
+	u.SetMaxQueued(u.cfg.MaxQueued)
 	if u.cfg.IPMcast {
 		g := netip.MustParseAddr(u.cfg.McastAddr)
 		u.group = net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, uint16(u.cfg.McastPort)))

@@ -33,6 +33,7 @@ type Config struct {
 	ConnExpiry       time.Duration `toml:"conn_expiry_timeout" doc:"idle connections are closed after this long (0: never)"`
 	ConnCloseTimeout time.Duration `toml:"conn_close_timeout" doc:"how long a receiver remembers a closed connection, so a resync does not deliver twice"`
 	SyncMinInterval  time.Duration `toml:"sync_min_interval" doc:"least time between two SEND_FIRST_SEQNO requests to the same sender"`
+	MaxBuffered      stack.Size    `toml:"max_buffered_bytes" doc:"payload bytes received from one sender and not yet delivered (above a gap); more are dropped and counted, and fetched again once delivery moves on (0: no bound)"`
 }
 
 // DefaultConfig returns UNICAST2's defaults.
@@ -41,6 +42,7 @@ func DefaultConfig() Config {
 		XmitInterval: 500 * time.Millisecond, StableInterval: 5 * time.Second, MaxStableMsgs: 5,
 		MaxBytes: 10_000_000, MaxXmitReq: 256,
 		ConnExpiry: 2 * time.Minute, ConnCloseTimeout: 4 * time.Minute, SyncMinInterval: 2 * time.Second,
+		MaxBuffered: 16 << 20,
 	}
 }
 
@@ -68,6 +70,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("conn_close_timeout", "must be > 0, got %s", c.ConnCloseTimeout)
 	case c.SyncMinInterval < 0:
 		return stack.BadKey("sync_min_interval", "must not be negative, got %s", c.SyncMinInterval)
+	case c.MaxBuffered < 0:
+		return stack.BadKey("max_buffered_bytes", "must be >= 0, got %d", c.MaxBuffered)
 	}
 	return nil
 }
@@ -106,6 +110,7 @@ type stats struct {
 	firstSent, firstRecv, firstStale, firstDropped, impossible atomic.Int64
 	stableSent, stableRecv, stableStale                        atomic.Int64
 	resends, closed, reaped                                    atomic.Int64
+	bufferFull, bufferedPeak                                   atomic.Int64
 }
 
 // sendEntry is the send window to one destination: seqnos low..next-1 are
@@ -138,6 +143,7 @@ type recvEntry struct {
 	highest    uint64
 	buf        map[uint64]*stack.Message // nil value: an OOB message already delivered
 	bytes      int64
+	buffered   int64 // payload bytes of buf's messages (max_buffered_bytes)
 	lastHD     uint64
 	lastHR     uint64
 	sameStable int
@@ -470,10 +476,24 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 		return false
 	}
 	oob := m.Has(stack.OOB)
+	size := int64(len(m.Payload))
+	if !oob && h.Seqno != e.next && u.cfg.MaxBuffered > 0 && e.buffered+size > int64(u.cfg.MaxBuffered) {
+		// Full (a sender beyond its credits, or a long gap): dropped and
+		// fetched again later. The next seqno to deliver is always taken,
+		// so delivery can move on and make room.
+		e.highest = max(e.highest, h.Seqno)
+		u.mu.Unlock()
+		u.st.bufferFull.Add(1)
+		return false
+	}
 	if oob {
 		e.buf[h.Seqno] = nil
 	} else {
 		e.buf[h.Seqno] = m
+		e.buffered += size
+		if e.buffered > u.st.bufferedPeak.Load() {
+			u.st.bufferedPeak.Store(e.buffered)
+		}
 	}
 	e.highest = max(e.highest, h.Seqno)
 	e.bytes += int64(len(m.Payload))
@@ -528,6 +548,7 @@ func (u *Unicast2) deliverFrom(src stack.Address) {
 			delete(e.buf, e.next)
 			e.next++
 			if m != nil {
+				e.buffered -= int64(len(m.Payload))
 				msgs = append(msgs, m)
 			}
 		}
@@ -788,6 +809,8 @@ func (u *Unicast2) Stats() []stack.Stat {
 		{Name: "send_first_seqno_stale", Value: s.firstStale.Load()},
 		{Name: "dropped_unknown_connection", Value: s.firstDropped.Load()},
 		{Name: "dropped_impossible_seqno", Value: s.impossible.Load()},
+		{Name: "dropped_buffer_full", Value: s.bufferFull.Load()},
+		{Name: "buffered_bytes_peak", Value: s.bufferedPeak.Load()},
 		{Name: "stables_sent", Value: s.stableSent.Load()},
 		{Name: "stables_received", Value: s.stableRecv.Load()},
 		{Name: "stale_stables_ignored", Value: s.stableStale.Load()},

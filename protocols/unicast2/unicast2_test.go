@@ -576,3 +576,28 @@ func TestNewConnectionDoesNotContinueAClosedOnesRecord(t *testing.T) {
 		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, p.recvFrom())
 	})
 }
+
+// TestBufferAboveAGapIsBoundedAndRefills: B never gets A's second message
+// while A sends 300 KB more; what B holds above the gap stays within
+// max_buffered_bytes (the rest is dropped and counted). Once the second
+// comes, B fetches what it dropped and delivers all of it, once, in order.
+func TestBufferAboveAGapIsBoundedAndRefills(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const bound, count, size = 64 << 10, 300, 1000
+		cfg := testConfig()
+		cfg.MaxBuffered = bound
+		p := newPair(t, 1, cfg, false, nil)
+		lose := p.connectThenLoseSeqno2(t)
+		for i := 1; i < count; i++ {
+			require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(p.ba, stacktest.Payload(0, i, size))))
+		}
+		synctest.Wait()
+		require.Len(t, p.recvFrom(), 1, "nothing delivered above the gap")
+		require.Positive(t, stacktest.Stat(t, p.u[1], "dropped_buffer_full"), "what does not fit is dropped")
+		require.LessOrEqual(t, stacktest.Stat(t, p.u[1], "buffered_bytes_peak"), int64(bound), "B never holds more than max_buffered_bytes")
+		lose.Store(false)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == count }, "everything delivered once the gap is filled")
+		require.Empty(t, p.c.Recv[1].CheckExactlyOnce([]stack.Address{p.aa}, count, true))
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, p.u[0], "msgs_held_for_retransmission") == 0 }, "all stable")
+	})
+}
