@@ -101,23 +101,46 @@ func (l *lanes) deliver(bt *Batch, own bool) {
 }
 
 func (l *lanes) deliverRegular(bt *Batch, own bool) {
-	k := senderKey{src: bt.Src, mcast: bt.Dest.IsZero()}
+	l.enqueue(bt.Src, bt.Dest, bt.Msgs, nil, own)
+}
+
+// deliverOne delivers a single message (a loopback) without building a
+// batch for it.
+func (l *lanes) deliverOne(m *Message, own bool) {
+	if lane := m.Lane(); lane != LaneRegular {
+		l.deliver(&Batch{Src: m.Src, Dest: m.Dest, Lane: lane, Msgs: []*Message{m}}, own)
+		return
+	}
+	l.delivered[LaneRegular].Add(1)
+	l.enqueue(m.Src, m.Dest, nil, m, own)
+}
+
+// enqueue adds msgs (and one, if not nil) to the regular queue of src and
+// dest's kind, dropping what does not fit, and starts its drainer.
+func (l *lanes) enqueue(src, dest Address, msgs []*Message, one *Message, own bool) {
+	k := senderKey{src: src, mcast: dest.IsZero()}
 	l.mu.Lock()
 	q := l.senders[k]
 	if q == nil {
 		q = &senderQueue{}
-		q.batch.Src, q.batch.Dest, q.batch.Lane = bt.Src, bt.Dest, LaneRegular
+		q.batch.Src, q.batch.Dest, q.batch.Lane = src, dest, LaneRegular
 		l.senders[k] = q
 	}
 	dropped := 0
-	for _, m := range bt.Msgs {
+	add := func(m *Message) {
 		c := queueCost(m)
 		if !own && !l.fits(q.bytes, c) {
 			dropped++
-			continue
+			return
 		}
 		q.bytes += c
 		q.pending = append(q.pending, m)
+	}
+	for _, m := range msgs {
+		add(m)
+	}
+	if one != nil {
+		add(one)
 	}
 	if dropped > 0 {
 		l.dropped[LaneRegular].Add(int64(dropped))

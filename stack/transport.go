@@ -146,7 +146,8 @@ func (t *TransportBase) PrepareSend(m *Message) bool {
 func (t *TransportBase) loopback(m *Message) {
 	t.counters.Loopbacks.Add(1)
 	c := m.Copy()
-	t.deliver(&Batch{Src: c.Src, Dest: c.Dest, Lane: c.Lane(), Msgs: []*Message{c}}, true)
+	t.count(c.Lane(), 1, int64(len(c.Payload)))
+	t.st.lanes.deliverOne(c, true)
 }
 
 // Deliver hands bt (one sender, one lane, one destination) to the lanes. The
@@ -156,14 +157,19 @@ func (t *TransportBase) Deliver(bt *Batch) { t.deliver(bt, false) }
 // deliver is Deliver; own marks the local member's loopback, which the
 // lanes never drop.
 func (t *TransportBase) deliver(bt *Batch, own bool) {
-	t.counters.MsgsReceived.Add(int64(len(bt.Msgs)))
 	var n int64
 	for _, m := range bt.Msgs {
 		n += int64(len(m.Payload))
 	}
-	t.counters.LaneMsgsRecv[bt.Lane].Add(int64(len(bt.Msgs)))
-	t.counters.LaneBytesRecv[bt.Lane].Add(n)
+	t.count(bt.Lane, len(bt.Msgs), n)
 	t.st.lanes.deliver(bt, own)
+}
+
+// count adds msgs messages of n payload bytes received on lane.
+func (t *TransportBase) count(lane Lane, msgs int, n int64) {
+	t.counters.MsgsReceived.Add(int64(msgs))
+	t.counters.LaneMsgsRecv[lane].Add(int64(msgs))
+	t.counters.LaneBytesRecv[lane].Add(n)
 }
 
 // DefaultMaxQueued is the default of a transport's max_queued_bytes: four
@@ -192,7 +198,19 @@ func (t *TransportBase) Receive(data []byte, from netip.AddrPort) (BundleHeader,
 		t.counters.DroppedCluster.Add(1)
 		return BundleHeader{}, false
 	}
-	h, msgs, err := DecodeBundle(data, cluster)
+	r := NewReader(data)
+	h, err := ReadBundleHeader(r, cluster)
+	local := t.st.LocalAddress()
+	if err == nil && h.Src == local && h.Multicast {
+		// Own multicast, already looped back: dropped before its messages
+		// are decoded (half the work a sender's reader does otherwise).
+		t.counters.DroppedOwn.Add(int64(h.Count))
+		return h, false
+	}
+	var msgs []*Message
+	if err == nil {
+		msgs, err = readBundleMessages(r, h)
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrWrongCluster):
@@ -207,13 +225,6 @@ func (t *TransportBase) Receive(data []byte, from netip.AddrPort) (BundleHeader,
 		return h, false
 	}
 	t.counters.BundlesReceived.Add(1)
-	local := t.st.LocalAddress()
-	if h.Src == local {
-		if h.Multicast {
-			t.counters.DroppedOwn.Add(int64(len(msgs)))
-			return h, false
-		}
-	}
 	var bs [numLanes]*Batch
 	for _, m := range msgs {
 		if !m.Dest.IsZero() && m.Dest != local {

@@ -251,16 +251,23 @@ func DecodeBundle(buf []byte, cluster string) (BundleHeader, []*Message, error) 
 	if err != nil {
 		return h, nil, err
 	}
+	msgs, err := readBundleMessages(r, h)
+	return h, msgs, err
+}
+
+// readBundleMessages decodes the messages of a bundle whose header r has
+// read.
+func readBundleMessages(r *Reader, h BundleHeader) ([]*Message, error) {
 	msgs := make([]*Message, 0, h.Count)
 	for range h.Count {
 		m, err := ReadMessage(r, h.Src)
 		if err != nil {
-			return h, nil, err
+			return nil, err
 		}
 		msgs = append(msgs, m)
 	}
 	if r.Len() != 0 {
-		return h, nil, fmt.Errorf("%w: %d trailing bytes after bundle", ErrMalformed, r.Len())
+		return nil, fmt.Errorf("%w: %d trailing bytes after bundle", ErrMalformed, r.Len())
 	}
-	return h, msgs, nil
+	return msgs, nil
 }

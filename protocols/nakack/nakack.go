@@ -106,6 +106,7 @@ type table struct {
 	// runs (only the remover touches it; the layers above do not keep a
 	// batch's slice once they return).
 	spare []*stack.Message
+	slab  []entry // newEntry's
 }
 
 // addBuffered counts d bytes more (or less) not yet delivered, and keeps
@@ -192,6 +193,21 @@ func newTable(hd uint64) *table {
 	return &table{low: hd + 1, hd: hd, hr: hd, msgs: map[uint64]*entry{}}
 }
 
+// entrySlab is how many table entries are allocated at once.
+const entrySlab = 64
+
+// newEntry returns a zero entry from the table's slab (one allocation per
+// entrySlab messages instead of one per message; a slab lives while one
+// of its entries is kept). Callers hold n.mu.
+func (t *table) newEntry() *entry {
+	if len(t.slab) == 0 {
+		t.slab = make([]entry, entrySlab)
+	}
+	e := &t.slab[0]
+	t.slab = t.slab[1:]
+	return e
+}
+
 // Down numbers multicasts and keeps them in this member's own table.
 func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 	if !m.IsMulticast() || m.Has(stack.NoReliability) {
@@ -205,7 +221,8 @@ func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 	t := n.tables[self]
 	n.seqno++
 	seq := n.seqno
-	e := &entry{m: m, delivered: m.HasTransient(stack.DontLoopback), hdr: Header{Type: typeMsg, Seqno: seq}}
+	e := t.newEntry()
+	*e = entry{m: m, delivered: m.HasTransient(stack.DontLoopback), hdr: Header{Type: typeMsg, Seqno: seq}}
 	m.PutHeader(n.ID(), &e.hdr)
 	t.msgs[seq] = e
 	t.hr = max(t.hr, seq)
@@ -335,7 +352,9 @@ func (n *NAKACK) skipPurged(src stack.Address, upto uint64) bool {
 	skipped := int64(0)
 	for s := t.hd + 1; s <= upto; s++ {
 		if t.msgs[s] == nil {
-			t.msgs[s] = &entry{delivered: true, arrived: true}
+			e := t.newEntry()
+			e.delivered, e.arrived = true, true
+			t.msgs[s] = e
 			skipped++
 		}
 	}
@@ -396,7 +415,8 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	}
 	switch {
 	case e == nil:
-		e = &entry{m: m, arrived: true}
+		e = t.newEntry()
+		e.m, e.arrived = m, true
 		t.msgs[seq] = e
 		if seq > t.hr+1 && m.Src != self {
 			n.kickGaps()

@@ -116,16 +116,20 @@ type stats struct {
 // sendEntry is the send window to one destination: seqnos low..next-1 are
 // not yet stable and kept for retransmission.
 type sendEntry struct {
-	connID   uint16
-	low      uint64 // lowest unstable seqno
-	next     uint64 // next seqno to send
-	msgs     []*stack.Message
-	lastTS   uint32
-	haveTS   bool
-	acked    bool          // a STABLE for this connection has arrived
-	progress time.Time     // last STABLE that advanced, last send into an empty window, or last resend
-	backoff  time.Duration // wait without progress before the next resend; doubles per resend
-	used     time.Time
+	connID uint16
+	low    uint64 // lowest unstable seqno
+	next   uint64 // next seqno to send
+	msgs   []*stack.Message
+	lastTS uint32
+	haveTS bool
+	acked  bool // a STABLE for this connection has arrived
+	// stableNext is next when the previous STABLE came (at stableAt):
+	// what was sent before it has had that long to arrive.
+	stableNext uint64
+	stableAt   time.Time
+	progress   time.Time     // last STABLE that advanced, last send into an empty window, or last resend
+	backoff    time.Duration // wait without progress before the next resend; doubles per resend
+	used       time.Time
 	// hdrs: headers of the next messages, allocated hdrSlab at a time
 	// (one allocation per hdrSlab messages instead of one per message;
 	// a slab lives while a message that uses it is kept).
@@ -306,13 +310,18 @@ func (u *Unicast2) handleStable(src stack.Address, h *Header) {
 		e.progress = time.Now()
 		e.backoff = 0
 	}
-	// Resend what lies above what the receiver has: a lost last message is
-	// recovered this way.
-	if h.HR+1 < e.next {
-		for s := max(h.HR+1, e.low); s < e.next; s++ {
+	// Resend what lies above what the receiver has and was sent at least
+	// xmit_interval ago (before the previous STABLE came, that long ago):
+	// a lost last message is recovered this way. Not what was sent since:
+	// in a stream it is still on its way (up to the flow-control credits
+	// of it), and resending all of it doubled the traffic.
+	now := time.Now()
+	if upto := min(e.stableNext, e.next); h.HR+1 < upto && now.Sub(e.stableAt) >= u.cfg.XmitInterval {
+		for s := max(h.HR+1, e.low); s < upto; s++ {
 			resend = append(resend, e.msgs[s-e.low])
 		}
 	}
+	e.stableNext, e.stableAt = e.next, now
 	u.mu.Unlock()
 	for _, m := range resend {
 		u.resend(m)
