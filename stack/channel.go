@@ -221,7 +221,7 @@ func (c *Channel) receiver() Receiver {
 // its first view (a view of itself alone if no membership protocol is in the
 // stack), or when ctx ends.
 func (c *Channel) Connect(ctx context.Context, cluster string) error {
-	return c.connect(ctx, cluster, cluster)
+	return c.connect(ctx, ConnectRequest{Cluster: cluster})
 }
 
 // ConnectWithState joins cluster and fetches the application state from
@@ -231,16 +231,16 @@ func (c *Channel) Connect(ctx context.Context, cluster string) error {
 // delivery. The first member of a group has no state to fetch. If the state
 // cannot be fetched, the member leaves again and the error says why.
 func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Address) error {
-	if c.st.Find("STATE_TRANSFER") == nil {
-		return fmt.Errorf("strata: ConnectWithState: %w: no STATE_TRANSFER in the stack", ErrNotSupported)
+	if _, ok := Find[StateTransferer](c.st); !ok {
+		return fmt.Errorf("strata: ConnectWithState: %w: no state transfer layer (STATE_TRANSFER) in the stack", ErrNotSupported)
 	}
 	if _, ok := c.receiver().(StateHandler); !ok {
 		return fmt.Errorf("strata: ConnectWithState: the receiver must implement StateHandler (GetState and SetState)")
 	}
-	if err := c.connect(ctx, cluster, ConnectRequest{Cluster: cluster, State: true, StateFrom: from}); err != nil {
+	if err := c.connect(ctx, ConnectRequest{Cluster: cluster, State: true, StateFrom: from}); err != nil {
 		return err
 	}
-	if c.st.Find("FLUSH") != nil || c.View().Size() <= 1 {
+	if _, ok := Find[Flusher](c.st); ok || c.View().Size() <= 1 {
 		return nil // FLUSH fetched it while joining, or there is no one to ask
 	}
 	if err := c.GetState(ctx, from); err != nil {
@@ -250,7 +250,8 @@ func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Add
 	return nil
 }
 
-func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
+func (c *Channel) connect(ctx context.Context, req ConnectRequest) error {
+	cluster := req.Cluster
 	if cluster == "" || len(cluster) > MaxClusterName {
 		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
 	}
@@ -280,7 +281,7 @@ func (c *Channel) connect(ctx context.Context, cluster string, arg any) error {
 	c.st.SetCluster(cluster)
 	err := c.st.Start()
 	if err == nil {
-		_, err = c.st.DownEvent(ctx, Ev(EvConnect, arg))
+		_, err = c.st.DownEvent(ctx, Ev(EvConnect, req))
 	}
 	if err == nil && c.view.Load() == nil {
 		self := c.Address()
@@ -442,8 +443,8 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
-	if c.st.Find("STATE_TRANSFER") == nil {
-		return fmt.Errorf("strata: GetState: %w: no STATE_TRANSFER in the stack", ErrNotSupported)
+	if _, ok := Find[StateTransferer](c.st); !ok {
+		return fmt.Errorf("strata: GetState: %w: no state transfer layer (STATE_TRANSFER) in the stack", ErrNotSupported)
 	}
 	if err := c.StartFlush(ctx); err != nil {
 		return fmt.Errorf("strata: GetState: %w", err)
@@ -579,7 +580,27 @@ func (c *Channel) stateCallback(sh StateHandler, ev Event) error {
 // SetState while FLUSH holds the group for that state transfer (see
 // stateCallback). It reads the stack only while a state callback runs.
 func (c *Channel) wouldWaitForStateFlush() bool {
-	return c.inState.Load() > 0 && c.st.Find("FLUSH") != nil && onStack(stateFrame)
+	if c.inState.Load() == 0 {
+		return false
+	}
+	_, flush := Find[Flusher](c.st)
+	return flush && onStack(stateFrame)
+}
+
+// Flusher is implemented by a layer that flushes the group (FLUSH): with
+// one in the stack, a state transfer happens inside a flush round and a
+// joiner's state comes with its first view.
+type Flusher interface {
+	Protocol
+	FlushesGroup()
+}
+
+// StateTransferer is implemented by a layer that moves the application's
+// state between members (STATE_TRANSFER); GetState and ConnectWithState
+// need one.
+type StateTransferer interface {
+	Protocol
+	TransfersState()
 }
 
 // ViewInstaller is implemented by the membership protocol; InstallView

@@ -34,6 +34,39 @@ type MemberInfo struct {
 	IsServer bool           // it is a member of a view (not still joining)
 }
 
+// maxMemberName bounds a logical name on the wire.
+const maxMemberName = 255
+
+// AppendMemberInfo appends mi's encoding (discovery and MERGE3 send it).
+func AppendMemberInfo(b []byte, mi MemberInfo) []byte {
+	b = AppendAddress(b, mi.Addr)
+	b = AppendString(b, mi.Name)
+	b = AppendAddrPort(b, mi.Physical)
+	b = AppendBool(b, mi.IsServer)
+	if mi.IsServer {
+		b = AppendAddress(b, mi.Coord)
+	}
+	return b
+}
+
+// MemberInfoSize returns the encoded length of mi.
+func MemberInfoSize(mi MemberInfo) int {
+	n := AddressSize + UvarintSize(uint64(len(mi.Name))) + len(mi.Name) + AddrPortSize(mi.Physical) + 1
+	if mi.IsServer {
+		n += AddressSize
+	}
+	return n
+}
+
+// ReadMemberInfo reads a MemberInfo written by AppendMemberInfo.
+func ReadMemberInfo(r *Reader) MemberInfo {
+	mi := MemberInfo{Addr: r.Address(), Name: r.String(maxMemberName, "logical name"), Physical: r.AddrPort(), IsServer: r.Bool()}
+	if mi.IsServer {
+		mi.Coord = r.Address()
+	}
+	return mi
+}
+
 // IsCoord reports whether the member says it is the coordinator of its view.
 func (mi MemberInfo) IsCoord() bool { return mi.IsServer && mi.Coord == mi.Addr }
 
@@ -81,9 +114,9 @@ type FlushResult struct {
 	Without []Address
 }
 
-// ConnectRequest is EvConnect's argument from Channel.ConnectWithState: join
-// Cluster and, inside the flush that installs the first view, fetch the
-// state from StateFrom (zero: the coordinator).
+// ConnectRequest is EvConnect's argument: join Cluster and, with State
+// (Channel.ConnectWithState), fetch the state from StateFrom (zero: the
+// coordinator) inside the flush that installs the first view.
 type ConnectRequest struct {
 	Cluster   string
 	State     bool
@@ -97,9 +130,8 @@ type EventType int
 
 // Core control events. Arg types are listed with each.
 const (
-	// EvConnect (down): join the cluster. Arg: cluster name (string), or a
-	// ConnectRequest. Returns when the member has its first view, or an
-	// error.
+	// EvConnect (down): join the cluster. Arg: ConnectRequest. Returns
+	// when the member has its first view, or an error.
 	EvConnect EventType = iota + 1
 	// EvDisconnect (down): leave the cluster gracefully.
 	EvDisconnect
@@ -114,10 +146,11 @@ const (
 	EvBlock
 	// EvUnblock (up): the flush ended; sends are allowed again.
 	EvUnblock
-	// EvGetDigest (down): query the reliable-multicast digest. Returns the
-	// digest type of the reliable-multicast protocol.
+	// EvGetDigest (down): query the reliable-multicast layer. Returns a
+	// Digest.
 	EvGetDigest
-	// EvSetDigest (down): set the digest (joiners, flush). Arg: that type.
+	// EvSetDigest (down): start each listed sender's table after its
+	// highest delivered seqno (joiners, flush). Arg: Digest.
 	EvSetDigest
 	// EvFindMembers (down): ask discovery who is out there. Arg:
 	// FindMembers. Returns []MemberInfo (never the local member).
@@ -142,13 +175,8 @@ const (
 	// EvGetState (down): fetch the application's state from a member. Arg:
 	// Address (zero: the coordinator). Returns when SetState has returned.
 	EvGetState
-	// EvGetLocalAddress (down): query the local address.
-	EvGetLocalAddress
-	// EvConfig (up and down): a map of settings a protocol advertises.
-	EvConfig
 	// EvStable (down): every member has delivered up to the given seqnos;
-	// reliable-multicast layers purge them. Arg: the digest type of the
-	// reliable-multicast protocol.
+	// reliable-multicast layers purge them. Arg: Digest.
 	EvStable
 	// EvSendToPhysical (down): the transport sends one message to a network
 	// address. Arg: PhysicalSend. Transports without network addresses
@@ -163,9 +191,8 @@ const (
 	// without IP multicast. Returns []Address, or nil if it cannot say.
 	EvKnownMembers
 	// EvReconcile (down): wait until this member has delivered, from every
-	// listed sender, everything up to the given highest received seqno
-	// (fetching what it lacks). Arg: the reliable-multicast digest type, or
-	// its Reconcile (a digest and, per sender, a member to fetch from).
+	// listed sender, everything up to the given highest seqno (fetching
+	// what it lacks). Arg: Reconcile.
 	EvReconcile
 	// EvProvideState (up, to the channel): write the application's state.
 	// Arg: io.Writer. Returns the StateHandler's error.
@@ -186,6 +213,19 @@ const (
 	// EvReleaseSenders (down): the gate is open again; senders below wait
 	// as usual.
 	EvReleaseSenders
+	// EvHold (down): a flush before a view change begins. The reliable-
+	// multicast layer returns its Digest and holds every other sender at
+	// what it has delivered from it: an EvReconcile lets each go up to the
+	// round's target, and the rest (sent in the next view) waits until
+	// EvReleaseHold, which FLUSH sends only once this member has the new
+	// view. Internal messages pass a hold, in their seqno order.
+	EvHold
+	// EvReleaseHold (down): the flush ended; every hold ends.
+	EvReleaseHold
+	// EvJoinRefused (up): a layer below the membership protocol (AUTH)
+	// learned that this member's join was refused for good; the join ends
+	// with the reason. Arg: JoinRefused.
+	EvJoinRefused
 
 	// UserEvent is the first number free for protocol-defined events.
 	UserEvent EventType = 1000
@@ -197,7 +237,7 @@ var eventNames = map[EventType]string{
 	EvGetDigest: "GET_DIGEST", EvSetDigest: "SET_DIGEST", EvFindMembers: "FIND_MBRS",
 	EvGetPhysicalAddress: "GET_PHYSICAL_ADDRESS", EvAddPhysicalAddress: "ADD_PHYSICAL_ADDRESS",
 	EvWhoHas: "WHO_HAS", EvStartFlush: "START_FLUSH", EvStopFlush: "STOP_FLUSH",
-	EvGetState: "GET_STATE", EvGetLocalAddress: "GET_LOCAL_ADDRESS", EvConfig: "CONFIG", EvStable: "STABLE",
+	EvGetState: "GET_STATE", EvStable: "STABLE", EvHold: "HOLD", EvReleaseHold: "RELEASE_HOLD", EvJoinRefused: "JOIN_REFUSED",
 	EvSendToPhysical: "SEND_TO_PHYSICAL", EvMerge: "MERGE", EvKnownMembers: "KNOWN_MEMBERS",
 	EvReconcile: "RECONCILE", EvProvideState: "PROVIDE_STATE", EvApplyState: "APPLY_STATE",
 	EvViewInconsistent: "VIEW_INCONSISTENT", EvRecallSenders: "RECALL_SENDERS", EvReleaseSenders: "RELEASE_SENDERS",

@@ -394,6 +394,15 @@ func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error
 	return f.PassDownEvent(ctx, ev)
 }
 
+// UpEvent tracks the view when this layer sits above the membership
+// layer, which passes views up (DownEvent has it when below).
+func (f *FlowControl) UpEvent(ev stack.Event) (any, error) {
+	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+		f.viewChange(v)
+	}
+	return f.PassUpEvent(ev)
+}
+
 func (f *FlowControl) viewChange(v *stack.View) {
 	self := f.LocalAddress()
 	f.mu.Lock()

@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/internal/secret"
-	"github.com/strata-go/strata/protocols/gms"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -148,14 +147,14 @@ func New(cfg Config) *Auth {
 // guarded reports whether m is membership traffic that must come from a
 // member that proved the secret, and whether its sender has.
 func (a *Auth) guarded(m *stack.Message) (guard, ok bool) {
-	gh, isGMS := m.Header(stack.IDGMS).(*gms.Header)
+	gh, isGMS := m.Header(stack.IDGMS).(stack.MembershipHeader)
 	if !isGMS || m.Src == a.LocalAddress() {
 		return false, true
 	}
-	switch gh.Kind() {
-	case "JOIN_REQ":
+	switch gh.Membership() {
+	case stack.MembershipJoinRequest:
 		return true, false // a joiner proves itself on every join
-	case "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW":
+	case stack.MembershipMerge, stack.MembershipInstall:
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return true, a.trusted[m.Src] || a.view.Contains(m.Src)
@@ -353,10 +352,7 @@ func (a *Auth) weighReject(src stack.Address, done <-chan struct{}) {
 		a.forgedRejects.Add(1)
 		return
 	}
-	m := stack.NewMessage(a.LocalAddress(), nil)
-	m.Src = src
-	m.PutHeader(stack.IDGMS, gms.JoinRefusal(gms.AuthFailed))
-	a.PassUp(m)
+	_, _ = a.PassUpEvent(stack.Ev(stack.EvJoinRefused, stack.JoinRefused{By: src, Reason: stack.ErrAuthFailed}))
 }
 
 func (a *Auth) joined() bool {

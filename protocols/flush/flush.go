@@ -30,7 +30,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -98,7 +97,7 @@ type initRound struct {
 	view     stack.ViewID // the view the round installed (GMS's stop), if known
 	parts    []stack.Address
 	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
-	answered map[stack.Address]nakack.Digest
+	answered map[stack.Address]stack.Digest
 	refused  bool
 	skipped  []stack.Address // suspected participants no longer awaited
 	wake     chan struct{}
@@ -163,6 +162,11 @@ func New(cfg Config) *FLUSH {
 
 // Name returns "FLUSH".
 func (f *FLUSH) Name() string { return "FLUSH" }
+
+// FlushesGroup marks FLUSH as the stack's stack.Flusher.
+func (f *FLUSH) FlushesGroup() {}
+
+var _ stack.Flusher = (*FLUSH)(nil)
 
 // Init validates the config.
 func (f *FLUSH) Init() error { return f.cfg.Validate() }
@@ -272,7 +276,7 @@ func (f *FLUSH) open(release bool) {
 	f.mu.Unlock()
 	if release {
 		// A view-change round's hold on every sender ends here.
-		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseHold, nil))
 	}
 	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseSenders, nil))
 	f.gate.Open()
@@ -294,7 +298,7 @@ func (f *FLUSH) releaseHeld() {
 	f.heldSince = time.Time{}
 	f.mu.Unlock()
 	if held {
-		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseHold, nil))
 	}
 }
 
@@ -479,7 +483,7 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 			case <-ctx.Done():
 			}
 		}()
-		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, nakack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
+		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, stack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
 			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
 			return
 		}
@@ -547,17 +551,17 @@ func (f *FLUSH) answer(src stack.Address, h *Header) {
 
 // digest returns this member's digest for the round; before a view change
 // it also holds every sender at what this member delivered until the round
-// ends (see nakack.Hold).
-func (f *FLUSH) digest(r *partRound) nakack.Digest {
-	var arg any
+// ends (see stack.EvHold).
+func (f *FLUSH) digest(r *partRound) stack.Digest {
+	ev := stack.EvGetDigest
 	if r != nil && r.vc {
-		arg = nakack.Hold{}
+		ev = stack.EvHold
 	}
-	v, err := f.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, arg))
+	v, err := f.PassDownEvent(context.Background(), stack.Ev(ev, nil))
 	if err != nil {
 		return nil
 	}
-	d, _ := v.(nakack.Digest)
+	d, _ := v.(stack.Digest)
 	return d
 }
 
@@ -653,7 +657,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Ad
 	}
 	f.n++
 	ir := &initRound{id: RoundID{Initiator: self, N: f.n}, vc: req.ViewChange, merge: req.Merge, parts: slices.Clone(parts),
-		phase: typeCompleted, answered: map[stack.Address]nakack.Digest{}, wake: make(chan struct{}, 1)}
+		phase: typeCompleted, answered: map[stack.Address]stack.Digest{}, wake: make(chan struct{}, 1)}
 	f.run = ir
 	f.mu.Unlock()
 	f.started.Add(1)
@@ -666,7 +670,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Ad
 		// Every participant fetches and delivers what anyone received.
 		f.mu.Lock()
 		target := maxDigest(ir.answered) // late duplicate answers still write to it
-		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]nakack.Digest{}
+		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]stack.Digest{}
 		f.mu.Unlock()
 		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target.Target, From: target.From}
 		for _, p := range ir.parts {
@@ -694,7 +698,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Ad
 // For a sender that does not (it crashed or was excluded), the highest seqno
 // any participant delivered, held by that participant; a message received
 // beyond a gap nobody can fill is delivered by no one in the view.
-func maxDigest(ds map[stack.Address]nakack.Digest) nakack.Reconcile {
+func maxDigest(ds map[stack.Address]stack.Digest) stack.Reconcile {
 	type best struct {
 		hi   uint64
 		from stack.Address
@@ -718,10 +722,10 @@ func maxDigest(ds map[stack.Address]nakack.Digest) nakack.Reconcile {
 		}
 	}
 	members := slices.SortedFunc(maps.Keys(bs), stack.Address.Compare)
-	rc := nakack.Reconcile{Target: make(nakack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
+	rc := stack.Reconcile{Target: make(stack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
 	for _, a := range members {
 		b := bs[a]
-		rc.Target = append(rc.Target, nakack.DigestEntry{Member: a, HighestDelivered: b.hi, HighestReceived: b.hi})
+		rc.Target = append(rc.Target, stack.DigestEntry{Member: a, HighestDelivered: b.hi, HighestReceived: b.hi})
 		rc.From = append(rc.From, b.from)
 	}
 	return rc
@@ -889,7 +893,7 @@ func (f *FLUSH) awaitStates(ctx context.Context, js []stack.Address) {
 
 func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address) error {
 	f.mu.Lock()
-	ir.phase, ir.answered = typeUnblocked, map[stack.Address]nakack.Digest{}
+	ir.phase, ir.answered = typeUnblocked, map[stack.Address]stack.Digest{}
 	// Only the members of this phase are awaited.
 	for _, p := range ir.parts {
 		if !slices.Contains(to, p) {
@@ -969,10 +973,15 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 			f.mu.Unlock()
 		}
 	case stack.EvViewChange:
-		// After the application has the view: a STOP_FLUSH that waited
-		// for it takes effect.
+		// Above the membership layer, which passes views up. After the
+		// application has the view: a STOP_FLUSH that waited for it takes
+		// effect.
+		v, ok := ev.Arg.(*stack.View)
+		if ok {
+			f.viewChange(v)
+		}
 		res, err := f.PassUpEvent(ev)
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if ok {
 			f.viewDelivered(v)
 		}
 		return res, err

@@ -3,7 +3,6 @@ package flush
 import (
 	"fmt"
 
-	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -41,7 +40,7 @@ type Header struct {
 	Round        RoundID
 	ViewChange   bool            // START: GMS's flush before a view change
 	Participants []stack.Address // START
-	Digest       nakack.Digest   // COMPLETED, RECONCILE
+	Digest       stack.Digest    // COMPLETED, RECONCILE
 	From         []stack.Address // RECONCILE: per digest entry, a member that holds its messages
 	View         stack.ViewID    // STOP after a view change: unblock once in this view (Seq 0: at once)
 }
@@ -67,7 +66,7 @@ func (h *Header) Size() int {
 	case h.Type == typeStop:
 		n += stack.AddressSize + stack.UvarintSize(h.View.Seq)
 	case hasDigest(h.Type):
-		n += nakack.DigestSize(h.Digest)
+		n += stack.DigestSize(h.Digest)
 		if h.Type == typeReconcile {
 			n += stack.UvarintSize(uint64(len(h.From))) + len(h.From)*stack.AddressSize
 		}
@@ -91,7 +90,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 		b = stack.AppendAddress(b, h.View.Creator)
 		b = stack.AppendUvarint(b, h.View.Seq)
 	case hasDigest(h.Type):
-		b = nakack.AppendDigest(b, h.Digest)
+		b = stack.AppendDigest(b, h.Digest)
 		if h.Type == typeReconcile {
 			b = stack.AppendUvarint(b, uint64(len(h.From)))
 			for _, a := range h.From {
@@ -123,7 +122,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	case h.Type == typeStop:
 		h.View = stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}
 	case hasDigest(h.Type):
-		h.Digest = nakack.ReadDigest(r)
+		h.Digest = stack.ReadDigest(r)
 		if h.Type != typeReconcile || r.Err() != nil {
 			break
 		}
@@ -146,7 +145,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 func sampleHeaders() []stack.Header {
 	a, b := stack.NewAddress(), stack.NewAddress()
 	r := RoundID{Initiator: a, N: 3}
-	d := nakack.Digest{{Member: a, HighestDelivered: 4, HighestReceived: 6}, {Member: b}}
+	d := stack.Digest{{Member: a, HighestDelivered: 4, HighestReceived: 6}, {Member: b}}
 	return []stack.Header{
 		&Header{Type: typeStart, Round: r, ViewChange: true, Participants: []stack.Address{a, b}},
 		&Header{Type: typeStart, Round: r, Participants: []stack.Address{}},

@@ -224,21 +224,32 @@ func (f *FRAG) Up(m *stack.Message) {
 	f.PassUp(whole)
 }
 
-// DownEvent discards partial messages of members who left the view.
+// DownEvent discards partial messages of members who left the view (when
+// this layer is below the membership layer; UpEvent when above).
 func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
-		if v, ok := ev.Arg.(*stack.View); ok {
-			f.mu.Lock()
-			for k := range f.partial {
-				if !v.Contains(k.src) {
-					delete(f.partial, k)
-					f.discarded.Add(1)
-				}
-			}
-			f.mu.Unlock()
-		}
+	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+		f.viewChange(v)
 	}
 	return f.PassDownEvent(ctx, ev)
+}
+
+// UpEvent is DownEvent for a view passed up.
+func (f *FRAG) UpEvent(ev stack.Event) (any, error) {
+	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+		f.viewChange(v)
+	}
+	return f.PassUpEvent(ev)
+}
+
+func (f *FRAG) viewChange(v *stack.View) {
+	f.mu.Lock()
+	for k := range f.partial {
+		if !v.Contains(k.src) {
+			delete(f.partial, k)
+			f.discarded.Add(1)
+		}
+	}
+	f.mu.Unlock()
 }
 
 // Stats reports FRAG's counters.

@@ -26,7 +26,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -139,9 +138,9 @@ type GMS struct {
 	suspects map[stack.Address]bool
 	// joinDigests: the digest each joiner of view joinView was answered
 	// with, for answering again a joiner whose answer was lost.
-	joinDigests  map[stack.Address]nakack.Digest
+	joinDigests  map[stack.Address]stack.Digest
 	joinView     stack.ViewID
-	viewDigest   nakack.Digest // the digest the current view came with (a merge), for members that missed it
+	viewDigest   stack.Digest // the digest the current view came with (a merge), for members that missed it
 	viewDigestID stack.ViewID
 	// joinWithState: this member's JOIN_REQ asks to fetch the state in the
 	// join's flush (Channel.ConnectWithState).
@@ -227,12 +226,12 @@ func (g *GMS) send(dest stack.Address, h *Header) {
 	}
 }
 
-func (g *GMS) digest() nakack.Digest {
+func (g *GMS) digest() stack.Digest {
 	v, err := g.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
 	if err != nil {
 		return nil
 	}
-	d, _ := v.(nakack.Digest)
+	d, _ := v.(stack.Digest)
 	return d
 }
 
@@ -247,7 +246,7 @@ func (g *GMS) InstallView(ctx context.Context, v *stack.View) error {
 
 // install applies v (and the digest entries of senders new to this member)
 // unless it is not newer than the current view. It reports whether it did.
-func (g *GMS) install(v *stack.View, d nakack.Digest) bool {
+func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 	g.installMu.Lock()
 	defer g.installMu.Unlock()
 	g.mu.Lock()
@@ -264,7 +263,7 @@ func (g *GMS) install(v *stack.View, d nakack.Digest) bool {
 		g.mu.Lock()
 		g.viewDigest, g.viewDigestID = d, v.ID
 		g.mu.Unlock()
-		var fresh nakack.Digest
+		var fresh stack.Digest
 		for _, e := range d {
 			if !old.Contains(e.Member) && e.Member != g.LocalAddress() {
 				fresh = append(fresh, e)
@@ -285,9 +284,9 @@ func (g *GMS) install(v *stack.View, d nakack.Digest) bool {
 	coord := g.coordLocked() == g.LocalAddress()
 	g.mu.Unlock()
 	g.viewsInstalled.Add(1)
-	// From the top, so the layers above GMS see the view too; then up to
-	// the channel.
-	_, _ = g.Stack().DownEvent(context.Background(), stack.Ev(stack.EvViewChange, v))
+	// Down to the layers below, then up through the layers above to the
+	// channel: each layer sees the view once.
+	_, _ = g.PassDownEvent(context.Background(), stack.Ev(stack.EvViewChange, v))
 	_, _ = g.PassUpEvent(stack.Ev(stack.EvViewChange, v))
 	if pending && coord {
 		g.kick()
@@ -536,7 +535,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 	if len(joiners) > 0 {
 		d := g.digest()
 		g.mu.Lock()
-		g.joinDigests, g.joinView = map[stack.Address]nakack.Digest{}, nv.ID
+		g.joinDigests, g.joinView = map[stack.Address]stack.Digest{}, nv.ID
 		for _, j := range joiners {
 			g.joinDigests[j] = d
 		}
@@ -704,7 +703,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 	}
 }
 
-func (g *GMS) handleView(src stack.Address, v *stack.View, d nakack.Digest) {
+func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
 	self := g.LocalAddress()
 	if v == nil {
 		return
@@ -792,6 +791,21 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 			g.mu.Unlock()
 		}
 		return g.PassUpEvent(ev)
+	case stack.EvJoinRefused:
+		// A layer below (AUTH) says the coordinator refused this member
+		// for good: the join ends with its reason.
+		if r, ok := ev.Arg.(stack.JoinRefused); ok && r.Reason != nil {
+			g.mu.Lock()
+			asked := g.askedCoord
+			g.mu.Unlock()
+			if r.By == asked {
+				select {
+				case g.joinRsp <- &Header{Type: typeJoinRsp, Fail: r.Reason.Error(), refused: r.Reason}:
+				default:
+				}
+			}
+		}
+		return nil, nil
 	case stack.EvMerge:
 		coords, _ := ev.Arg.([]stack.Address)
 		if len(coords) > 1 {
@@ -931,9 +945,9 @@ func (g *GMS) join(ctx context.Context) error {
 		case rsp == nil:
 			g.Log().Info("join attempt timed out", "coordinator", coord, "join_timeout", g.cfg.JoinTimeout)
 			coord = stack.Address{}
-		case rsp.Fail == AuthFailed:
-			g.Log().Warn("join refused: authentication failed", "by", coord)
-			return fmt.Errorf("gms: join refused by %s: %w", coord, stack.ErrAuthFailed)
+		case rsp.refused != nil:
+			g.Log().Warn("join refused", "by", coord, "reason", rsp.refused)
+			return fmt.Errorf("gms: join refused by %s: %w", coord, rsp.refused)
 		case rsp.Fail != "":
 			g.Log().Debug("join refused", "by", coord, "reason", rsp.Fail, "ask", rsp.Coord)
 			coord = rsp.Coord
@@ -1212,7 +1226,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	slices.SortStableFunc(subs[1:], func(a, b mergeSub) int { return a.view.Coordinator().Compare(b.view.Coordinator()) })
 	var members []stack.Address
 	var views []*stack.View
-	var digest nakack.Digest
+	var digest stack.Digest
 	seq := uint64(0)
 	for _, s := range subs {
 		views = append(views, s.view)
@@ -1259,7 +1273,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 // mergeSub is one subgroup of a merge: its view and its coordinator's digest.
 type mergeSub struct {
 	view   *stack.View
-	digest nakack.Digest
+	digest stack.Digest
 }
 
 // collectMerge asks the coordinators for their views and digests (again,

@@ -3,7 +3,6 @@ package gms
 import (
 	"fmt"
 
-	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -48,12 +47,14 @@ type MergeID struct {
 type Header struct {
 	Type    uint8
 	View    *stack.View   // JOIN_RSP, VIEW, MERGE_RSP, INSTALL_VIEW
-	Digest  nakack.Digest // JOIN_RSP, MERGE_RSP, INSTALL_VIEW (nil without NAKACK)
+	Digest  stack.Digest  // JOIN_RSP, MERGE_RSP, INSTALL_VIEW (nil without NAKACK)
 	ViewID  stack.ViewID  // VIEW_ACK
 	MergeID MergeID       // MERGE_*, INSTALL_VIEW of a merge
 	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
 	Fail    string        // JOIN_RSP, MERGE_RSP refusals
 	State   bool          // JOIN_REQ: fetch the state inside the join's flush
+
+	refused error // a JOIN_RSP made of an EvJoinRefused: why (not encoded)
 }
 
 // Kind names the message type ("JOIN_REQ", "VIEW", ...), for logs and for
@@ -101,7 +102,7 @@ func (h *Header) Size() int {
 		n += stack.ViewSize(h.View)
 	}
 	if bits&hasDigest != 0 {
-		n += nakack.DigestSize(h.Digest)
+		n += stack.DigestSize(h.Digest)
 	}
 	if bits&hasViewID != 0 {
 		n += stack.AddressSize + stack.UvarintSize(h.ViewID.Seq)
@@ -126,7 +127,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 		b = stack.AppendView(b, h.View)
 	}
 	if bits&hasDigest != 0 {
-		b = nakack.AppendDigest(b, h.Digest)
+		b = stack.AppendDigest(b, h.Digest)
 	}
 	if bits&hasViewID != 0 {
 		b = stack.AppendAddress(b, h.ViewID.Creator)
@@ -155,9 +156,9 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		h.View = stack.ReadView(r)
 	}
 	if bits&hasDigest != 0 {
-		h.Digest = nakack.ReadDigest(r)
+		h.Digest = stack.ReadDigest(r)
 		if h.Digest == nil && r.Err() == nil {
-			h.Digest = nakack.Digest{}
+			h.Digest = stack.Digest{}
 		}
 	}
 	if bits&hasViewID != 0 {
@@ -186,13 +187,13 @@ func sampleHeaders() []stack.Header {
 	a, b := stack.NewAddress(), stack.NewAddress()
 	v := stack.NewView(a, 4, a, b)
 	mv := stack.NewMergeView(a, 7, []stack.Address{a, b}, []*stack.View{stack.NewView(a, 5, a), stack.NewView(b, 6, b)})
-	d := nakack.Digest{{Member: a, HighestDelivered: 3, HighestReceived: 5}, {Member: b}}
+	d := stack.Digest{{Member: a, HighestDelivered: 3, HighestReceived: 5}, {Member: b}}
 	mid := MergeID{Leader: a, N: 2}
 	return []stack.Header{
 		&Header{Type: typeJoinReq},
 		&Header{Type: typeJoinReq, State: true},
 		&Header{Type: typeJoinRsp, View: v, Digest: d},
-		&Header{Type: typeJoinRsp, View: v, Digest: nakack.Digest{}},
+		&Header{Type: typeJoinRsp, View: v, Digest: stack.Digest{}},
 		&Header{Type: typeJoinRsp, Coord: b, Fail: "not the coordinator"},
 		&Header{Type: typeView, View: v},
 		&Header{Type: typeViewAck, ViewID: v.ID},
@@ -206,10 +207,18 @@ func sampleHeaders() []stack.Header {
 	}
 }
 
-// AuthFailed is the refusal text of a JOIN_RSP that AUTH passes up when the
-// coordinator rejected this member's proof; GMS then ends the join with
-// stack.ErrAuthFailed instead of trying again.
-const AuthFailed = "authentication failed"
+// Membership classifies the message for a layer that guards membership
+// (AUTH): joins, merges and views to install need a proven sender.
+func (h *Header) Membership() stack.MembershipKind {
+	switch h.Type {
+	case typeJoinReq:
+		return stack.MembershipJoinRequest
+	case typeMergeReq, typeMergeRsp:
+		return stack.MembershipMerge
+	case typeInstallView:
+		return stack.MembershipInstall
+	}
+	return stack.MembershipOther
+}
 
-// JoinRefusal returns a JOIN_RSP that refuses a join for reason.
-func JoinRefusal(reason string) *Header { return &Header{Type: typeJoinRsp, Fail: reason} }
+var _ stack.MembershipHeader = (*Header)(nil)

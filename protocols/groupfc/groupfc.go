@@ -773,6 +773,11 @@ func (p *GroupFC) viewChange(v *stack.View) {
 // down and no LEAVE is awaited.
 func (p *GroupFC) UpEvent(ev stack.Event) (any, error) {
 	switch ev.Type {
+	case stack.EvViewChange:
+		// Above the membership layer, which passes views up.
+		if v, ok := ev.Arg.(*stack.View); ok {
+			p.viewChange(v)
+		}
 	case stack.EvSuspect:
 		as, _ := ev.Arg.([]stack.Address)
 		p.mu.Lock()

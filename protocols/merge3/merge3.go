@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/strata-go/strata/protocols/ping"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -81,19 +80,19 @@ type Header struct {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + ping.MemberInfoSize(h.Info)
+	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + stack.MemberInfoSize(h.Info)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = stack.AppendAddress(b, h.ViewID.Creator)
 	b = stack.AppendUvarint(b, h.ViewID.Seq)
-	return ping.AppendMemberInfo(b, h.Info)
+	return stack.AppendMemberInfo(b, h.Info)
 }
 
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	h := &Header{ViewID: stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}}
-	h.Info = ping.ReadMemberInfo(r)
+	h.Info = stack.ReadMemberInfo(r)
 	if err := r.Err(); err != nil {
 		return nil, err
 	}

@@ -466,30 +466,16 @@ func (n *NAKACK) signalLocked() {
 	}
 }
 
-// Reconcile is the argument of EvReconcile: deliver, from each sender in
-// Target, everything up to its entry's highest seqno. From[i], when set, is
-// a member known to hold Target[i]'s messages; it is asked directly, every
-// xmit_interval and without backoff, because the sender may be gone. A
-// sender held by Hold is let go up to its target and no further. An empty
-// Reconcile releases every hold (the flush ended without a view change).
-type Reconcile struct {
-	Target Digest
-	From   []stack.Address
-}
+// hold implements EvHold: it returns the digest and holds every sender at
+// what has been delivered from it. A reconcile lets each go up to its
+// target; the rest (what its sender sent in the next view) waits until the
+// flush ends (EvReleaseHold), which FLUSH does only after this member has
+// installed the new view. So no member delivers in the old view what was
+// sent in the new one, however late its copy of the view is, and a member
+// that leaves delivers nothing of a view it is not in. Internal messages
+// pass a hold (the new view is one of them), in their seqno order.
 
-// Hold is the argument of EvGetDigest in a flush before a view change:
-// return the digest, and hold every sender at what has been delivered from
-// it. A reconcile lets each go up to its target; the rest (what its sender
-// sent in the next view) waits until the flush ends (an empty Reconcile),
-// which FLUSH does only after this member has installed the new view. So
-// no member delivers in the old view what was sent in the new one, however
-// late its copy of the view is, and a member that leaves delivers nothing
-// of a view it is not in. Internal messages pass a hold (the new view is
-// one of them), in their seqno order.
-type Hold struct{}
-
-// hold implements Hold; see there.
-func (n *NAKACK) hold() Digest {
+func (n *NAKACK) hold() stack.Digest {
 	self := n.LocalAddress()
 	n.mu.Lock()
 	for src, t := range n.tables {
@@ -527,15 +513,11 @@ func (n *NAKACK) release() {
 // highest received seqno, fetching the ones it lacks; or with ctx's error.
 // Senders it has no table for are skipped. FLUSH uses it to make every
 // member deliver the same messages before a view change.
-func (n *NAKACK) WaitDelivered(ctx context.Context, target Digest) error {
-	return n.reconcile(ctx, Reconcile{Target: target})
+func (n *NAKACK) WaitDelivered(ctx context.Context, target stack.Digest) error {
+	return n.reconcile(ctx, stack.Reconcile{Target: target})
 }
 
-func (n *NAKACK) reconcile(ctx context.Context, rc Reconcile) error {
-	if len(rc.Target) == 0 {
-		n.release()
-		return nil
-	}
+func (n *NAKACK) reconcile(ctx context.Context, rc stack.Reconcile) error {
 	self := n.LocalAddress()
 	var lifted []stack.Address
 	n.mu.Lock()
@@ -864,32 +846,32 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			n.viewChange(v)
 		}
 	case stack.EvGetDigest:
-		if _, ok := ev.Arg.(Hold); ok {
-			return n.hold(), nil
-		}
 		return n.Digest(), nil
+	case stack.EvHold:
+		return n.hold(), nil
+	case stack.EvReleaseHold:
+		n.release()
+		return nil, nil
 	case stack.EvSetDigest:
-		d, ok := ev.Arg.(Digest)
+		d, ok := ev.Arg.(stack.Digest)
 		if !ok {
 			return nil, fmt.Errorf("nakack: SET_DIGEST with %T", ev.Arg)
 		}
 		n.SetDigest(d)
 		return nil, nil
 	case stack.EvStable:
-		d, ok := ev.Arg.(Digest)
+		d, ok := ev.Arg.(stack.Digest)
 		if !ok {
 			return nil, fmt.Errorf("nakack: STABLE with %T", ev.Arg)
 		}
 		n.stable(d)
 		return nil, nil
 	case stack.EvReconcile:
-		switch a := ev.Arg.(type) {
-		case Digest:
-			return nil, n.WaitDelivered(ctx, a)
-		case Reconcile:
-			return nil, n.reconcile(ctx, a)
+		rc, ok := ev.Arg.(stack.Reconcile)
+		if !ok {
+			return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
 		}
-		return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
+		return nil, n.reconcile(ctx, rc)
 	}
 	return n.PassDownEvent(ctx, ev)
 }
@@ -934,20 +916,20 @@ func (n *NAKACK) otherMember(not stack.Address) stack.Address {
 }
 
 // Digest returns, per sender, the highest seqno delivered and received.
-func (n *NAKACK) Digest() Digest {
+func (n *NAKACK) Digest() stack.Digest {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	d := make(Digest, 0, len(n.tables))
+	d := make(stack.Digest, 0, len(n.tables))
 	for a, t := range n.tables {
-		d = append(d, DigestEntry{Member: a, HighestDelivered: t.hd, HighestReceived: max(t.hr, t.hd)})
+		d = append(d, stack.DigestEntry{Member: a, HighestDelivered: t.hd, HighestReceived: max(t.hr, t.hd)})
 	}
-	slices.SortFunc(d, func(x, y DigestEntry) int { return x.Member.Compare(y.Member) })
+	slices.SortFunc(d, func(x, y stack.DigestEntry) int { return x.Member.Compare(y.Member) })
 	return d
 }
 
 // SetDigest makes this member start each listed sender's table after the
 // digest's highest delivered seqno (a joiner, or after a flush).
-func (n *NAKACK) SetDigest(d Digest) {
+func (n *NAKACK) SetDigest(d stack.Digest) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range d {
@@ -964,7 +946,7 @@ func (n *NAKACK) SetDigest(d Digest) {
 
 // stable purges, per sender, everything up to the digest's highest
 // delivered seqno (every member has delivered it).
-func (n *NAKACK) stable(d Digest) {
+func (n *NAKACK) stable(d stack.Digest) {
 	n.st.stableEvents.Add(1)
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -169,7 +169,7 @@ func TestRetransmissionFromAnotherMemberWhenSenderIsGone(t *testing.T) {
 		require.NoError(t, a.Close())
 		stacktest.InjectView(t, stack.NewView(b.Address(), 9, b.Address(), c.Address()), c)
 		g.d[2].DropUpIf(nil)
-		g.nak[2].SetDigest(nakack.Digest{{Member: a.Address(), HighestDelivered: 0, HighestReceived: 2}})
+		g.nak[2].SetDigest(stack.Digest{{Member: a.Address(), HighestDelivered: 0, HighestReceived: 2}})
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[2].Len() == 2 }, "C got A's messages from B")
 	})
 }
@@ -196,12 +196,12 @@ func TestDigestGetAndSet(t *testing.T) {
 		stacktest.WaitFor(t, time.Second, func() bool { return g.c.Recv[1].Len() == 5 }, "delivered")
 		v, err := g.c.Channels[1].Stack().DownEvent(t.Context(), stack.Ev(stack.EvGetDigest, nil))
 		require.NoError(t, err)
-		d := v.(nakack.Digest)
+		d := v.(stack.Digest)
 		e, ok := d.Get(a.Address())
 		require.True(t, ok)
 		require.Equal(t, uint64(5), e.HighestDelivered)
-		r := stack.NewReader(nakack.AppendDigest(nil, d))
-		require.Equal(t, d, nakack.ReadDigest(r))
+		r := stack.NewReader(stack.AppendDigest(nil, d))
+		require.Equal(t, d, stack.ReadDigest(r))
 		require.NoError(t, r.Err())
 	})
 }
@@ -292,7 +292,7 @@ func TestPurgedMessagesOfAnotherViewAreSkipped(t *testing.T) {
 		}
 		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, g.nak[0], "msgs_purged") >= 5 }, "A purged its five multicasts")
 		stacktest.InjectView(t, stack.NewView(a.Address(), 6, a.Address(), b.Address(), c.Address()), a, b, c)
-		g.nak[2].SetDigest(nakack.Digest{{Member: a.Address(), HighestDelivered: 2, HighestReceived: 5}})
+		g.nak[2].SetDigest(stack.Digest{{Member: a.Address(), HighestDelivered: 2, HighestReceived: 5}})
 		g.d[2].DropUpIf(nil)
 		for s := 5; s < 8; s++ {
 			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
@@ -313,14 +313,14 @@ func TestHoldLeavesTheMembersOwnMulticastsAlone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGroup(t, 2, 1)
 		a, b := g.c.Channels[0], g.c.Channels[1]
-		_, err := a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvGetDigest, nakack.Hold{}))
+		_, err := a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvHold, nil))
 		require.NoError(t, err)
 		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, 0, 8))))
 		require.NoError(t, b.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(1, 0, 8))))
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 1 && g.c.Recv[1].Len() == 2 }, "A delivered its own multicast, B both")
 		synctest.Wait()
 		require.Empty(t, g.c.Recv[0].Seqs(b.Address()), "B's multicast is held at A")
-		_, err = a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvReconcile, nakack.Reconcile{}))
+		_, err = a.Stack().DownEvent(t.Context(), stack.Ev(stack.EvReleaseHold, nil))
 		require.NoError(t, err)
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 2 }, "released")
 	})

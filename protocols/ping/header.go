@@ -12,9 +12,6 @@ const (
 	typeResponse uint8 = 2 // GET_MBRS_RSP: here I am
 )
 
-// maxName bounds a logical name on the wire.
-const maxName = 255
-
 // Header is a discovery request or answer: the sender's own MemberInfo, and
 // for a targeted request (WHO_HAS) the member asked for.
 type Header struct {
@@ -23,39 +20,9 @@ type Header struct {
 	Target stack.Address
 }
 
-// AppendMemberInfo appends mi's encoding (MERGE3 uses it too).
-func AppendMemberInfo(b []byte, mi stack.MemberInfo) []byte {
-	b = stack.AppendAddress(b, mi.Addr)
-	b = stack.AppendString(b, mi.Name)
-	b = stack.AppendAddrPort(b, mi.Physical)
-	b = stack.AppendBool(b, mi.IsServer)
-	if mi.IsServer {
-		b = stack.AppendAddress(b, mi.Coord)
-	}
-	return b
-}
-
-// MemberInfoSize returns the encoded length of mi.
-func MemberInfoSize(mi stack.MemberInfo) int {
-	n := stack.AddressSize + stack.UvarintSize(uint64(len(mi.Name))) + len(mi.Name) + stack.AddrPortSize(mi.Physical) + 1
-	if mi.IsServer {
-		n += stack.AddressSize
-	}
-	return n
-}
-
-// ReadMemberInfo reads a MemberInfo written by AppendMemberInfo.
-func ReadMemberInfo(r *stack.Reader) stack.MemberInfo {
-	mi := stack.MemberInfo{Addr: r.Address(), Name: r.String(maxName, "logical name"), Physical: r.AddrPort(), IsServer: r.Bool()}
-	if mi.IsServer {
-		mi.Coord = r.Address()
-	}
-	return mi
-}
-
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	n := 1 + MemberInfoSize(h.Info)
+	n := 1 + stack.MemberInfoSize(h.Info)
 	if h.Type == typeRequest {
 		n += stack.AddressSize
 	}
@@ -65,7 +32,7 @@ func (h *Header) Size() int {
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
-	b = AppendMemberInfo(b, h.Info)
+	b = stack.AppendMemberInfo(b, h.Info)
 	if h.Type == typeRequest {
 		b = stack.AppendAddress(b, h.Target)
 	}
@@ -77,7 +44,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	if h.Type != typeRequest && h.Type != typeResponse && r.Err() == nil {
 		r.Fail("discovery message type %d", h.Type)
 	}
-	h.Info = ReadMemberInfo(r)
+	h.Info = stack.ReadMemberInfo(r)
 	if h.Type == typeRequest {
 		h.Target = r.Address()
 	}

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -46,8 +45,8 @@ func init() {
 		Samples: func() []stack.Header {
 			a, b := stack.NewAddress(), stack.NewAddress()
 			return []stack.Header{
-				&Header{ViewID: stack.ViewID{Creator: a, Seq: 3}, Digest: nakack.Digest{{Member: a, HighestDelivered: 10, HighestReceived: 12}, {Member: b}}},
-				&Header{Digest: nakack.Digest{}},
+				&Header{ViewID: stack.ViewID{Creator: a, Seq: 3}, Digest: stack.Digest{{Member: a, HighestDelivered: 10, HighestReceived: 12}, {Member: b}}},
+				&Header{Digest: stack.Digest{}},
 			}
 		},
 	})
@@ -56,24 +55,24 @@ func init() {
 // Header is a STABLE gossip: the sender's view id and digest.
 type Header struct {
 	ViewID stack.ViewID
-	Digest nakack.Digest
+	Digest stack.Digest
 }
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + nakack.DigestSize(h.Digest)
+	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + stack.DigestSize(h.Digest)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = stack.AppendAddress(b, h.ViewID.Creator)
 	b = stack.AppendUvarint(b, h.ViewID.Seq)
-	return nakack.AppendDigest(b, h.Digest)
+	return stack.AppendDigest(b, h.Digest)
 }
 
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
 	h := &Header{ViewID: stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}}
-	h.Digest = nakack.ReadDigest(r)
+	h.Digest = stack.ReadDigest(r)
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
@@ -87,7 +86,7 @@ type STABLE struct {
 
 	mu      sync.Mutex
 	view    *stack.View
-	gossips map[stack.Address]nakack.Digest
+	gossips map[stack.Address]stack.Digest
 	bytes   int64
 
 	sent, received, rounds, stale atomic.Int64
@@ -96,7 +95,7 @@ type STABLE struct {
 var _ stack.Protocol = (*STABLE)(nil)
 
 // New returns a STABLE layer.
-func New(cfg Config) *STABLE { return &STABLE{cfg: cfg, gossips: map[stack.Address]nakack.Digest{}} }
+func New(cfg Config) *STABLE { return &STABLE{cfg: cfg, gossips: map[stack.Address]stack.Digest{}} }
 
 // Name returns "STABLE".
 func (s *STABLE) Name() string { return "STABLE" }
@@ -132,7 +131,7 @@ func (s *STABLE) Gossip() {
 		return
 	}
 	dv, err := s.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
-	d, ok := dv.(nakack.Digest)
+	d, ok := dv.(stack.Digest)
 	if err != nil || !ok {
 		return
 	}
@@ -192,7 +191,7 @@ func (s *STABLE) handleGossip(src stack.Address, h *Header) {
 		return
 	}
 	// Every member has gossiped: the minimum per sender is stable.
-	minD := nakack.Digest{}
+	minD := stack.Digest{}
 	first := s.gossips[s.view.Members[0]]
 	for _, e := range first {
 		low := e.HighestDelivered
@@ -206,7 +205,7 @@ func (s *STABLE) handleGossip(src stack.Address, h *Header) {
 			low = min(low, o.HighestDelivered)
 		}
 		if all {
-			minD = append(minD, nakack.DigestEntry{Member: e.Member, HighestDelivered: low})
+			minD = append(minD, stack.DigestEntry{Member: e.Member, HighestDelivered: low})
 		}
 	}
 	clear(s.gossips)

@@ -165,6 +165,11 @@ func New(cfg Config) *StateTransfer {
 // Name returns "STATE_TRANSFER".
 func (s *StateTransfer) Name() string { return "STATE_TRANSFER" }
 
+// TransfersState marks STATE_TRANSFER as the stack's stack.StateTransferer.
+func (s *StateTransfer) TransfersState() {}
+
+var _ stack.StateTransferer = (*StateTransfer)(nil)
+
 // Init validates the config.
 func (s *StateTransfer) Init() error { return s.cfg.Validate() }
 
@@ -482,12 +487,25 @@ func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (any, err
 		return nil, s.GetState(ctx, from)
 	case stack.EvViewChange:
 		if v, ok := ev.Arg.(*stack.View); ok {
-			s.mu.Lock()
-			s.view = v
-			s.mu.Unlock()
+			s.setView(v)
 		}
 	}
 	return s.PassDownEvent(ctx, ev)
+}
+
+// UpEvent follows the view when this layer is above the membership layer,
+// which passes views up.
+func (s *StateTransfer) UpEvent(ev stack.Event) (any, error) {
+	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+		s.setView(v)
+	}
+	return s.PassUpEvent(ev)
+}
+
+func (s *StateTransfer) setView(v *stack.View) {
+	s.mu.Lock()
+	s.view = v
+	s.mu.Unlock()
 }
 
 // Stats reports STATE_TRANSFER's counters.

@@ -1,0 +1,72 @@
+package stack
+
+// DigestEntry is what one member knows of one sender's multicasts.
+type DigestEntry struct {
+	Member           Address
+	HighestDelivered uint64
+	HighestReceived  uint64
+}
+
+// Digest is, per sender, the highest multicast seqno delivered and received
+// at one member. The reliable-multicast layer answers EvGetDigest and
+// EvHold with it; joiners and FLUSH set it (EvSetDigest), STABLE gossips
+// it (EvStable). It lives in the core so that GMS, FLUSH and STABLE work
+// with any reliable-multicast layer.
+type Digest []DigestEntry
+
+// Get returns the entry of member.
+func (d Digest) Get(member Address) (DigestEntry, bool) {
+	for _, e := range d {
+		if e.Member == member {
+			return e, true
+		}
+	}
+	return DigestEntry{}, false
+}
+
+// DigestSize returns the encoded length of d.
+func DigestSize(d Digest) int {
+	n := UvarintSize(uint64(len(d)))
+	for _, e := range d {
+		n += AddressSize + UvarintSize(e.HighestDelivered) + UvarintSize(e.HighestReceived)
+	}
+	return n
+}
+
+// AppendDigest appends the wire encoding of d.
+func AppendDigest(b []byte, d Digest) []byte {
+	b = AppendUvarint(b, uint64(len(d)))
+	for _, e := range d {
+		b = AppendAddress(b, e.Member)
+		b = AppendUvarint(b, e.HighestDelivered)
+		b = AppendUvarint(b, e.HighestReceived)
+	}
+	return b
+}
+
+// ReadDigest decodes a digest written by AppendDigest.
+func ReadDigest(r *Reader) Digest {
+	n := r.Uvarint()
+	if n > 1<<16 || n*AddressSize > uint64(r.Len()) {
+		r.Fail("digest of %d members", n)
+		return nil
+	}
+	d := make(Digest, n)
+	for i := range d {
+		d[i] = DigestEntry{Member: r.Address(), HighestDelivered: r.Uvarint(), HighestReceived: r.Uvarint()}
+	}
+	if r.Err() != nil {
+		return nil
+	}
+	return d
+}
+
+// Reconcile is the argument of EvReconcile: deliver, from each sender in
+// Target, everything up to its entry's highest seqno. From[i], when set, is
+// a member known to hold Target[i]'s messages; the reliable-multicast layer
+// asks it directly, because the sender may be gone. A sender held by EvHold
+// is let go up to its target and no further.
+type Reconcile struct {
+	Target Digest
+	From   []Address
+}
