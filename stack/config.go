@@ -145,7 +145,96 @@ func ParseConfigVars(file string, data []byte, vars map[string]string) (*StackCo
 	if err := sc.checkTransport(); err != nil {
 		return nil, err
 	}
+	if err := sc.checkServices(); err != nil {
+		return nil, err
+	}
+	if err := sc.checkSizes(); err != nil {
+		return nil, err
+	}
 	return sc, nil
+}
+
+// checkServices refuses a stack in which a layer's required service is
+// not provided where it must be: below it (Requires) or above it
+// (RequiresAbove).
+func (sc *StackConfig) checkServices() error {
+	for i, p := range sc.Protocols {
+		missing := func(s Service, where string, among []*ProtocolConfig) error {
+			for _, q := range among {
+				if slices.Contains(q.Type.Provides, s) {
+					return nil
+				}
+			}
+			return &ConfigError{File: sc.File, Line: p.Line, Protocol: p.Type.Name,
+				Reason: fmt.Sprintf("needs %s %s it, and no layer %s it provides it (%s does)", s, where, where, strings.Join(providers(s), ", "))}
+		}
+		for _, s := range p.Type.Requires {
+			if err := missing(s, "below", sc.Protocols[:i]); err != nil {
+				return err
+			}
+		}
+		for _, s := range p.Type.RequiresAbove {
+			if err := missing(s, "above", sc.Protocols[i+1:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// providers lists the registered protocols that provide s.
+func providers(s Service) []string {
+	var out []string
+	for _, t := range Registered() {
+		if slices.Contains(t.Provides, s) {
+			out = append(out, t.Name)
+		}
+	}
+	if len(out) == 0 {
+		return []string{"none registered"}
+	}
+	return out
+}
+
+// DatagramLimiter is implemented by the config of a transport that sends
+// datagrams of a bounded size.
+type DatagramLimiter interface {
+	MaxDatagram() Size
+}
+
+// FragmentSizer is implemented by the config of a layer that cuts larger
+// messages into fragments of at most FragmentSize bytes (FRAG).
+type FragmentSizer interface {
+	FragmentSize() Size
+}
+
+// FragmentHeadroom is what a fragment needs beyond its payload in a
+// datagram: the bundle's preamble and every layer's headers.
+const FragmentHeadroom = 1024
+
+// checkSizes refuses fragments that cannot fit the transport's largest
+// datagram.
+func (sc *StackConfig) checkSizes() error {
+	lim, ok := sc.Protocols[0].Config.(DatagramLimiter)
+	if !ok {
+		return nil
+	}
+	for _, p := range sc.Protocols[1:] {
+		fs, ok := p.Config.(FragmentSizer)
+		if !ok || fs.FragmentSize()+FragmentHeadroom <= lim.MaxDatagram() {
+			continue
+		}
+		line := p.Line
+		for k, l := range p.Keys {
+			if strings.Contains(k, "frag") && l > 0 {
+				line = l
+			}
+		}
+		return &ConfigError{File: sc.File, Line: line, Protocol: p.Type.Name, Key: "frag_size",
+			Reason: fmt.Sprintf("%s does not fit %s's largest datagram (%s) with %d bytes for headers; make it at most %s",
+				fs.FragmentSize(), sc.Protocols[0].Type.Name, lim.MaxDatagram(), FragmentHeadroom, lim.MaxDatagram()-FragmentHeadroom)}
+	}
+	return nil
 }
 
 func (sc *StackConfig) checkTransport() error {
@@ -348,19 +437,28 @@ func topLevelLine(text, key string) int {
 }
 
 // substituteEnv replaces ${NAME:default} and ${NAME} by environment values,
-// line by line (so lines stay where they were). Comment lines are left
-// alone. A reference to an unset variable without default is an error.
+// line by line (so lines stay where they were). Comments (whole lines, and
+// from a # outside a string to the end of a line) are left alone. A
+// reference to an unset variable without default, and a ${ that does not
+// start a well-formed reference, are errors.
 func substituteEnv(file, text string, lookup func(string) (string, bool)) (string, error) {
 	if !strings.Contains(text, "${") {
 		return text, nil
 	}
 	lines := strings.Split(text, "\n")
 	for i, l := range lines {
-		if strings.HasPrefix(strings.TrimSpace(l), "#") || !strings.Contains(l, "${") {
+		code, comment := l, ""
+		if k := commentStart(l); k >= 0 {
+			code, comment = l[:k], l[k:]
+		}
+		if !strings.Contains(code, "${") {
 			continue
 		}
+		if j := strings.Index(envRef.ReplaceAllString(code, ""), "${"); j >= 0 {
+			return "", &ConfigError{File: file, Line: i + 1, Reason: fmt.Sprintf("malformed variable reference in %q: write ${NAME} or ${NAME:default}", strings.TrimSpace(code))}
+		}
 		var err error
-		lines[i] = envRef.ReplaceAllStringFunc(l, func(ref string) string {
+		code = envRef.ReplaceAllStringFunc(code, func(ref string) string {
 			m := envRef.FindStringSubmatch(ref)
 			if v, ok := lookup(m[1]); ok {
 				if strings.ContainsAny(v, "\n\r\"") && err == nil {
@@ -379,8 +477,30 @@ func substituteEnv(file, text string, lookup func(string) (string, bool)) (strin
 		if err != nil {
 			return "", err
 		}
+		lines[i] = code + comment
 	}
 	return strings.Join(lines, "\n"), nil
+}
+
+// commentStart returns where a TOML line's comment begins (a # outside a
+// string), or -1.
+func commentStart(line string) int {
+	var quote byte
+	for i := 0; i < len(line); i++ {
+		switch c := line[i]; {
+		case quote != 0:
+			if c == '\\' && quote == '"' {
+				i++
+			} else if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#':
+			return i
+		}
+	}
+	return -1
 }
 
 func tomlError(file string, err error) error {

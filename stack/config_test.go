@@ -59,6 +59,15 @@ func TestParseConfigEnvironmentSubstitution(t *testing.T) {
 
 	_, err = stack.ParseConfig("bad.toml", []byte("[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_TEST_SURELY_UNSET}\"\n"))
 	requireConfigError(t, err, 3, "", "", "STRATA_TEST_SURELY_UNSET is not set")
+
+	// A comment is left alone, after a key as on its own line; a # inside
+	// a string does not start one.
+	sc, err = stack.ParseConfig("comment.toml", []byte("[[protocol]]\ntype = \"SIM\" # ${STRATA_TEST_SURELY_UNSET} or ${broken\nnetwork = \"a#${STRATA_TEST_NET}\" # ${STRATA_TEST_SURELY_UNSET}\n"))
+	require.NoError(t, err)
+	require.Equal(t, "a#from-env", sc.Protocols[0].Config.(*sim.Config).Network)
+
+	_, err = stack.ParseConfig("bad.toml", []byte("[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_TEST_NET:x\"\n"))
+	requireConfigError(t, err, 3, "", "", "malformed variable reference")
 }
 
 func TestParseConfigErrorsNameFileLineProtocolKey(t *testing.T) {

@@ -1,5 +1,10 @@
 package stack
 
+import (
+	"fmt"
+	"strings"
+)
+
 // DigestEntry is what one member knows of one sender's multicasts.
 type DigestEntry struct {
 	Member           Address
@@ -22,6 +27,18 @@ func (d Digest) Get(member Address) (DigestEntry, bool) {
 		}
 	}
 	return DigestEntry{}, false
+}
+
+// String lists each entry as member:delivered/received, for logs.
+func (d Digest) String() string {
+	var b strings.Builder
+	for i, e := range d {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s:%d/%d", e.Member, e.HighestDelivered, e.HighestReceived)
+	}
+	return b.String()
 }
 
 // DigestSize returns the encoded length of d.

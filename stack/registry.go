@@ -14,23 +14,49 @@ import (
 // C's exported fields are the config keys: `toml:"key"` names the key and
 // `doc:"..."` describes it in one line. If *C has a Validate() error method
 // it is called after decoding and before New.
+//
+// Provides, Requires and RequiresAbove declare the services the layer
+// gives the layers above it and needs below and above it (JGroups'
+// required services); the config loader refuses a stack that leaves a
+// requirement unmet, naming the line and what is missing.
 type ProtocolSpec[C any] struct {
-	Name      string
-	ID        uint16
-	Doc       string
-	Transport bool
-	Defaults  func() C
-	New       func(C) (Protocol, error)
+	Name          string
+	ID            uint16
+	Doc           string
+	Transport     bool
+	Provides      []Service
+	Requires      []Service
+	RequiresAbove []Service
+	Defaults      func() C
+	New           func(C) (Protocol, error)
 }
+
+// Service is something a layer does for the layers around it, which a
+// stack config must arrange for (a transport below everything, reliable
+// multicast below membership, membership below FLUSH...).
+type Service string
+
+// The services the shipped protocols provide and require.
+const (
+	ServiceTransport         Service = "a transport"
+	ServiceDiscovery         Service = "discovery"
+	ServiceReliableMulticast Service = "reliable multicast"
+	ServiceReliableUnicast   Service = "reliable unicast"
+	ServiceMembership        Service = "membership"
+	ServiceFailureDetection  Service = "failure detection"
+)
 
 // ProtocolType is a registered protocol type, as the config loader and
 // `stackdemo protocols` see it.
 type ProtocolType struct {
-	Name      string
-	ID        uint16
-	Doc       string
-	Transport bool
-	Keys      []KeyInfo
+	Name          string
+	ID            uint16
+	Doc           string
+	Transport     bool
+	Provides      []Service
+	Requires      []Service
+	RequiresAbove []Service
+	Keys          []KeyInfo
 
 	newConfig func() any // pointer to a config with defaults
 	build     func(any) (Protocol, error)
@@ -64,6 +90,9 @@ func Register[C any](s ProtocolSpec[C]) {
 	if s.Name == "" || s.New == nil || s.Defaults == nil {
 		panic("stack: Register needs Name, Defaults and New")
 	}
+	if s.Transport && !slices.Contains(s.Provides, ServiceTransport) {
+		s.Provides = append(slices.Clone(s.Provides), ServiceTransport)
+	}
 	ct := reflect.TypeFor[C]()
 	if ct.Kind() != reflect.Struct {
 		panic("stack: Register " + s.Name + ": config type must be a struct")
@@ -74,6 +103,7 @@ func Register[C any](s ProtocolSpec[C]) {
 	}
 	t := &ProtocolType{
 		Name: s.Name, ID: s.ID, Doc: s.Doc, Transport: s.Transport, Keys: keys,
+		Provides: s.Provides, Requires: s.Requires, RequiresAbove: s.RequiresAbove,
 		newConfig: func() any { c := s.Defaults(); return &c },
 		build:     func(c any) (Protocol, error) { return s.New(*c.(*C)) },
 	}

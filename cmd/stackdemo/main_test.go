@@ -57,6 +57,13 @@ func TestValidateRejectsWithFileAndLine(t *testing.T) {
 		"no-transport.toml":         `:1: DISCARD: no transport in the stack`,
 		"two-transports.toml":       `:3: SIM: second transport`,
 		"transport-not-bottom.toml": `:3: SIM: the transport must be the first [[protocol]]`,
+		"flush-without-gms.toml":    `:10: FLUSH: needs membership below it, and no layer below it provides it (GMS does)`,
+		"gms-below-nakack.toml":     `:10: GMS: needs reliable multicast below it, and no layer below it provides it (NAKACK does)`,
+		"groupfc-unreliable.toml":   `:4: GROUPFC: needs reliable multicast below it`,
+		"merge3-without-gms.toml":   `:4: MERGE3: needs membership above it, and no layer above it provides it (GMS does)`,
+		"frag-too-big.toml":         `:7: FRAG: frag_size: 60KB does not fit UDP's largest datagram (20KB)`,
+		"unterminated-var.toml":     `:3: malformed variable reference in "bind_addr = \"${STRATA_BIND_ADDR:127.0.0.1\""`,
+		"no-such-interface.toml":    `:3: UDP: bind_addr: `,
 	}
 	for file, want := range cases {
 		t.Run(file, func(t *testing.T) {

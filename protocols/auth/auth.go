@@ -62,9 +62,10 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "AUTH", ID: stack.IDAUTH,
-		Doc:      "joiners prove they know the group secret (HMAC challenge-response); the secret never travels",
-		Defaults: DefaultConfig,
-		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+		RequiresAbove: []stack.Service{stack.ServiceMembership},
+		Doc:           "joiners prove they know the group secret (HMAC challenge-response); the secret never travels",
+		Defaults:      DefaultConfig,
+		New:           func(c Config) (stack.Protocol, error) { return New(c), nil },
 	})
 	stack.RegisterHeader(stack.HeaderType{ID: stack.IDAUTH, Name: "AUTH", Decode: decodeHeader,
 		Samples: func() []stack.Header {

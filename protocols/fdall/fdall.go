@@ -42,6 +42,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "FD_ALL", ID: stack.IDFDALL,
+		Provides: []stack.Service{stack.ServiceFailureDetection}, RequiresAbove: []stack.Service{stack.ServiceMembership},
 		Doc:      "failure detection: multicast heartbeats; suspects members silent for longer than timeout",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -69,6 +69,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "FLUSH", ID: stack.IDFLUSH,
+		Requires: []stack.Service{stack.ServiceMembership},
 		Doc:      "virtual synchrony: blocks multicasts and reconciles deliveries around view changes and state transfer",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
@@ -463,7 +464,9 @@ func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 		f.send(old.id.Initiator, &Header{Type: typeNotCompleted, Round: old.id})
 	}
 	f.block()
-	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
+	d := f.digest(cur)
+	f.Log().Debug("flush: completed", "round", h.Round, "digest", d)
+	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: d})
 }
 
 func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
@@ -487,6 +490,7 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
 			return
 		}
+		f.Log().Debug("flush: reconciled", "round", h.Round)
 		f.send(src, &Header{Type: typeReconcileOK, Round: h.Round})
 	})
 }
@@ -672,6 +676,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Ad
 		target := maxDigest(ir.answered) // late duplicate answers still write to it
 		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]stack.Digest{}
 		f.mu.Unlock()
+		f.Log().Debug("flush: reconcile", "round", ir.id, "target", target.Target)
 		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target.Target, From: target.From}
 		for _, p := range ir.parts {
 			f.send(p, rec)

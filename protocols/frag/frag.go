@@ -22,6 +22,10 @@ type Config struct {
 	Expiry   time.Duration `toml:"partial_expiry" doc:"a partly received message that gets no fragment for this long is dropped and counted"`
 }
 
+// FragmentSize is frag_size, for the loader's check against the
+// transport's largest datagram.
+func (c *Config) FragmentSize() stack.Size { return c.FragSize }
+
 // DefaultConfig returns FRAG's defaults.
 func DefaultConfig() Config {
 	return Config{FragSize: 60000, MaxSize: 1 << 30, Expiry: 2 * time.Minute}

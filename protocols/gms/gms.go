@@ -77,6 +77,8 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "GMS", ID: stack.IDGMS,
+		Provides: []stack.Service{stack.ServiceMembership},
+		Requires: []stack.Service{stack.ServiceDiscovery, stack.ServiceReliableMulticast, stack.ServiceReliableUnicast},
 		Doc:      "group membership: joins, leaves, suspicions and merges become views installed everywhere in the same order",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -63,6 +63,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "GROUPFC", ID: stack.IDGROUPFC,
+		Requires: []stack.Service{stack.ServiceReliableMulticast, stack.ServiceReliableUnicast, stack.ServiceMembership},
 		Doc:      "TIPC-style group send modes (broadcast, multicast, anycast, unicast) with receive-window flow control and ordered member events",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -55,9 +55,10 @@ func (c Config) check() time.Duration {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "MERGE3", ID: stack.IDMERGE3,
-		Doc:      "finds subgroups after a partition heals (announced view ids) and has GMS merge them",
-		Defaults: DefaultConfig,
-		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+		RequiresAbove: []stack.Service{stack.ServiceMembership},
+		Doc:           "finds subgroups after a partition heals (announced view ids) and has GMS merge them",
+		Defaults:      DefaultConfig,
+		New:           func(c Config) (stack.Protocol, error) { return New(c), nil },
 	})
 	stack.RegisterHeader(stack.HeaderType{
 		ID: stack.IDMERGE3, Name: "MERGE3", Decode: decodeHeader,

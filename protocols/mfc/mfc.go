@@ -23,6 +23,7 @@ func New(cfg Config) *flowcontrol.FlowControl { return flowcontrol.New("MFC", tr
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "MFC", ID: stack.IDMFC,
+		Requires: []stack.Service{stack.ServiceMembership},
 		Doc:      "credit-based flow control for multicasts: a multicast waits for credits at every member (JGroups' MFC)",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

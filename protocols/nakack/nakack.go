@@ -50,6 +50,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "NAKACK", ID: stack.IDNAKACK,
+		Provides: []stack.Service{stack.ServiceReliableMulticast},
 		Doc:      "reliable FIFO multicast with negative acks, digests for joiners and flush (JGroups NAKACK2)",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
@@ -500,6 +501,7 @@ func (n *NAKACK) release() {
 		}
 	}
 	n.mu.Unlock()
+	n.Log().Debug("nakack: holds released", "senders", resume)
 	// Not on the caller's goroutine: FLUSH ends a hold with its
 	// participant lock held, and what is delivered now reaches the
 	// application, whose Receive may block. (A state provider's GetState
@@ -528,6 +530,9 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.Reconcile) error {
 		}
 	}
 	n.mu.Unlock()
+	if len(lifted) > 0 {
+		n.Log().Debug("nakack: hold lifted", "senders", lifted)
+	}
 	// The lifted messages belong to the view the flush ends: delivered
 	// here, before the reconcile answers (a Receive that blocks holds up
 	// only this reconcile, bounded by its context, not FLUSH's locks).

@@ -116,12 +116,14 @@ func ParseHosts(s string, portRange int) ([]netip.AddrPort, error) {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "PING", ID: stack.IDPING,
+		Provides: []stack.Service{stack.ServiceDiscovery},
 		Doc:      "discovery by multicast: finds members and their coordinator, fills the transport's address cache",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
 	})
 	stack.Register(stack.ProtocolSpec[StaticConfig]{
 		Name: "STATIC_PING", ID: stack.IDStaticPING,
+		Provides: []stack.Service{stack.ServiceDiscovery},
 		Doc:      "discovery by probing a fixed list of host:port (no IP multicast needed); learns members that contact it",
 		Defaults: DefaultStaticConfig,
 		New:      func(c StaticConfig) (stack.Protocol, error) { return NewStatic(c), nil },

@@ -36,6 +36,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "STABLE", ID: stack.IDSTABLE,
+		Requires: []stack.Service{stack.ServiceReliableMulticast},
 		Doc:      "gossips delivered seqnos; purges NAKACK's tables of what every member has delivered",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

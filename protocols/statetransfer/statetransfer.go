@@ -44,6 +44,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "STATE_TRANSFER", ID: stack.IDStateTransfer,
+		Requires: []stack.Service{stack.ServiceMembership},
 		Doc:      "streams application state to a requester in chunks under a credit window (Channel.GetState)",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -35,6 +35,10 @@ type Config struct {
 	WhoHasTimeout time.Duration `toml:"who_has_cache_timeout" doc:"least time between two requests to discovery for the same unknown address"`
 }
 
+// MaxDatagram is max_bundle_size, for the loader's check of FRAG's
+// frag_size.
+func (c *Config) MaxDatagram() stack.Size { return c.BundleSize }
+
 // DefaultConfig returns UDP's defaults: loopback, multicast on 228.8.8.8:45588
 // with TTL 1, 64KB bundles.
 func DefaultConfig() Config {
@@ -50,8 +54,8 @@ func DefaultConfig() Config {
 // maxDatagram is the largest UDP payload over IPv4.
 const maxDatagram = 65507
 
-// Validate checks the config; it does not look at the machine's interfaces
-// (Init does, through resolveBindAddr).
+// Validate checks the config, and that bind_addr names an address or
+// interface of this machine (a config is checked where it runs).
 func (c *Config) Validate() error {
 	switch {
 	case c.BindAddr == "":
@@ -91,6 +95,9 @@ func (c *Config) Validate() error {
 		if c.McastPort <= 0 || c.McastPort > 65535 {
 			return stack.BadKey("mcast_port", "must be 1..65535, got %d", c.McastPort)
 		}
+	}
+	if _, _, err := resolveBindAddr(c.BindAddr); err != nil {
+		return stack.BadKey("bind_addr", "%s", strings.TrimPrefix(err.Error(), "bind_addr "))
 	}
 	return nil
 }

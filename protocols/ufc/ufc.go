@@ -23,6 +23,7 @@ func New(cfg Config) *flowcontrol.FlowControl { return flowcontrol.New("UFC", fa
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "UFC", ID: stack.IDUFC,
+		Requires: []stack.Service{stack.ServiceMembership},
 		Doc:      "per-destination credit-based flow control for unicasts (JGroups' UFC)",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -79,6 +79,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "UNICAST2", ID: stack.IDUNICAST2,
+		Provides: []stack.Service{stack.ServiceReliableUnicast},
 		Doc:      "reliable FIFO unicast with negative acks (JGroups UNICAST2, JGRP-1873 fixed)",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },

@@ -38,6 +38,7 @@ func (c *Config) Validate() error {
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "VERIFY_SUSPECT", ID: stack.IDVerifySuspect,
+		Requires: []stack.Service{stack.ServiceFailureDetection}, RequiresAbove: []stack.Service{stack.ServiceMembership},
 		Doc:      "double-checks suspicions: passes one up only if the suspect stays silent for timeout",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
