@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/discard"
@@ -92,7 +93,9 @@ func TestRegularMessagesFIFOPerSenderWithEightParallelSenders(t *testing.T) {
 			wg.Go(func() {
 				ch := c.Channels[i]
 				for seq := range perSender {
-					require.NoError(t, ch.Send(t.Context(), stack.NewMessage(c.Channels[senders].Address(), stacktest.Payload(i, seq, 16))))
+					if !assert.NoError(t, ch.Send(t.Context(), stack.NewMessage(c.Channels[senders].Address(), stacktest.Payload(i, seq, 16)))) {
+						return
+					}
 				}
 			})
 		}

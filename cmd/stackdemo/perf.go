@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"
 )
@@ -634,13 +636,11 @@ func printPerf(w io.Writer, r *perfResult) {
 	}
 }
 
+// isTerminal reports whether w is a terminal (x/term asks the kernel; a
+// file mode check also takes /dev/null for one).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // runJoin is one member of a run across processes or hosts (-join): it

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/stack"
@@ -82,8 +83,12 @@ frag_size = "8KB"
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			for s := range per {
 				p := stacktest.Payload(i, s, 8+rng.IntN(150_000))
-				require.NoError(t, ch.Send(context.Background(), stack.NewMessage(stack.Address{}, p)))
-				require.NoError(t, ch.Send(context.Background(), stack.NewMessage(addrs[(i+1)%n], p)))
+				if !assert.NoError(t, ch.Send(context.Background(), stack.NewMessage(stack.Address{}, p))) {
+					return
+				}
+				if !assert.NoError(t, ch.Send(context.Background(), stack.NewMessage(addrs[(i+1)%n], p))) {
+					return
+				}
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/encrypt"
@@ -193,7 +194,9 @@ func TestKeyRotationLosesNothing(t *testing.T) {
 		for i, ch := range c.Channels {
 			wg.Go(func() {
 				for s := 0; !stop.Load(); s++ {
-					require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 64))))
+					if !assert.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 64)))) {
+						return
+					}
 					sent[i] = s + 1
 					time.Sleep(time.Millisecond)
 				}

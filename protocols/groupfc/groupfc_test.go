@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/internal/grouptest"
@@ -194,7 +195,9 @@ func TestManySendersOneReceiver(t *testing.T) {
 		for i := 1; i < n; i++ {
 			wg.Go(func() {
 				for s := range per {
-					require.NoError(t, gs[i].Unicast(t.Context(), dest, stacktest.Payload(i, s, size)))
+					if !assert.NoError(t, gs[i].Unicast(t.Context(), dest, stacktest.Payload(i, s, size))) {
+						return
+					}
 					sent.Add(size)
 				}
 			})
@@ -341,7 +344,9 @@ func TestBroadcastsUnderLossArriveOnceInOrder(t *testing.T) {
 				for i := range n {
 					wg.Go(func() {
 						for s := range per {
-							require.NoError(t, gs[i].Broadcast(t.Context(), stacktest.Payload(i, s, 2000)))
+							if !assert.NoError(t, gs[i].Broadcast(t.Context(), stacktest.Payload(i, s, 2000))) {
+								return
+							}
 						}
 					})
 				}

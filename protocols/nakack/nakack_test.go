@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/discard"
@@ -70,7 +71,9 @@ func TestEveryMemberDeliversEveryMulticastOnceInOrderUnderFaults(t *testing.T) {
 				for i, ch := range g.c.Channels {
 					wg.Go(func() {
 						for s := range per {
-							require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 16))))
+							if !assert.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, s, 16)))) {
+								return
+							}
 							if s%100 == 99 {
 								time.Sleep(time.Millisecond) // paced, as flow control would
 							}

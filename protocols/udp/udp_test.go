@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/udp"
@@ -32,7 +33,9 @@ func exchange(t *testing.T, cfg udp.Config) {
 	for i, m := range ms {
 		wg.Go(func() {
 			for seq := range per {
-				require.NoError(t, m.ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 100))))
+				if !assert.NoError(t, m.ch.Send(ctx, stack.NewMessage(stack.Address{}, stacktest.Payload(i, seq, 100)))) {
+					return
+				}
 			}
 		})
 	}

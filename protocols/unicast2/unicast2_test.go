@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/discard"
@@ -371,7 +372,9 @@ func TestConcurrentConnectionCreationOnBothSides(t *testing.T) {
 			for g := range 4 {
 				wg.Go(func() {
 					for s := range n {
-						require.NoError(t, ch.Send(t.Context(), stack.NewMessage(dest, stacktest.Payload(g, s, 8))))
+						if !assert.NoError(t, ch.Send(t.Context(), stack.NewMessage(dest, stacktest.Payload(g, s, 8)))) {
+							return
+						}
 					}
 				})
 			}
