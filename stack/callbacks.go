@@ -25,9 +25,11 @@ type callbacks struct {
 	idle    *sync.Cond // signalled when a view callback ends or an epoch drains
 	queue   []item
 	running bool
-	// Deliveries queued behind a view callback: later ones queue too, to
-	// keep each sender's order.
-	held atomic.Int64
+	// Deliveries queued behind a view callback: later ones of the same or
+	// a later epoch queue too, to keep each sender's order. heldBy counts
+	// them by their epoch's view number (under mu).
+	held   atomic.Int64
+	heldBy map[uint64]int
 	// Channel calls in progress on the callback goroutine (see calls).
 	calling atomic.Int32
 	active  atomic.Bool // running, read without the lock
@@ -109,9 +111,51 @@ func (cb *callbacks) startLocked() {
 }
 
 // gated reports whether a delivery counted in epoch e must wait: a view
-// callback it must follow is pending, or deliveries queued behind one are.
+// callback it must follow is pending, or deliveries of e or an earlier
+// epoch are queued behind one. (Those of later epochs are not waited for:
+// a delivery admitted into an earlier epoch, which a later view's callback
+// waits for, goes before them.)
 func (cb *callbacks) gated(e *epoch) bool {
-	return cb.done.Load() < e.q || cb.held.Load() > 0
+	if cb.done.Load() < e.q {
+		return true
+	}
+	if cb.held.Load() == 0 {
+		return false
+	}
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	return cb.heldUpToLocked(e.q)
+}
+
+// gatedLocked is gated for callers that hold cb.mu.
+func (cb *callbacks) gatedLocked(e *epoch) bool {
+	return cb.done.Load() < e.q || cb.held.Load() > 0 && cb.heldUpToLocked(e.q)
+}
+
+// heldUpToLocked reports whether deliveries of epochs up to view q are
+// queued; callers hold cb.mu.
+func (cb *callbacks) heldUpToLocked(q uint64) bool {
+	for v, n := range cb.heldBy {
+		if v <= q && n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// enterWith counts a delivery of a message carrying rc: in the epoch rc
+// was admitted to while that admission lasts, else in the current one.
+func (cb *callbacks) enterWith(rc *Receipt) *epoch {
+	if rc != nil {
+		if e := rc.ep.Load(); e != nil {
+			e.active.Add(1)
+			if rc.ep.Load() == e {
+				return e // the admission holds e open until it is released
+			}
+			cb.leave(e)
+		}
+	}
+	return cb.enter()
 }
 
 // hold delivers f, a delivery counted in epoch e that was gated. Normally
@@ -123,16 +167,21 @@ func (cb *callbacks) gated(e *epoch) bool {
 // order on the callback goroutine instead, and the caller goes on.
 func (cb *callbacks) hold(e *epoch, f func()) {
 	cb.mu.Lock()
-	for cb.gated(e) && cb.calling.Load() == 0 {
+	for cb.gatedLocked(e) && cb.calling.Load() == 0 {
 		cb.idle.Wait()
 	}
-	if !cb.gated(e) {
+	if !cb.gatedLocked(e) {
 		cb.mu.Unlock()
 		f()
 		return
 	}
 	cb.held.Add(1)
-	it := item{f: func() { defer cb.unhold(); f() }, view: e.q, isMsg: true}
+	if cb.heldBy == nil {
+		cb.heldBy = map[uint64]int{}
+	}
+	cb.heldBy[e.q]++
+	q := e.q
+	it := item{f: func() { defer cb.unhold(q); f() }, view: e.q, isMsg: true}
 	// Before any view queued after the delivery's epoch began (one may
 	// have come in since).
 	i := len(cb.queue)
@@ -143,12 +192,15 @@ func (cb *callbacks) hold(e *epoch, f func()) {
 	cb.startLocked()
 }
 
-func (cb *callbacks) unhold() {
-	if cb.held.Add(-1) == 0 {
-		cb.mu.Lock()
-		cb.idle.Broadcast()
-		cb.mu.Unlock()
+func (cb *callbacks) unhold(q uint64) {
+	cb.mu.Lock()
+	if cb.heldBy[q]--; cb.heldBy[q] <= 0 {
+		delete(cb.heldBy, q)
 	}
+	if cb.held.Add(-1) == 0 {
+		cb.idle.Broadcast()
+	}
+	cb.mu.Unlock()
 }
 
 // calls marks a channel call made by the application; if it runs on the

@@ -465,7 +465,7 @@ func (c *Channel) receive(m *Message) {
 	// Counted in its epoch before the receipt says it has arrived: the
 	// next view (which a flush may install as soon as it has the receipt)
 	// then reaches the application after this message.
-	e := c.cb.enter()
+	e := c.cb.enterWith(m.receipt)
 	defer c.cb.leave(e)
 	if rc := m.receipt; rc != nil {
 		rc.take()
@@ -481,7 +481,11 @@ func (c *Channel) receive(m *Message) {
 }
 
 func (c *Channel) receiveBatch(bt *Batch) {
-	e := c.cb.enter()
+	var first *Receipt
+	if len(bt.Msgs) > 0 {
+		first = bt.Msgs[0].receipt
+	}
+	e := c.cb.enterWith(first)
 	defer c.cb.leave(e)
 	var last *Receipt
 	for _, m := range bt.Msgs {

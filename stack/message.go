@@ -137,14 +137,28 @@ type Message struct {
 // the application: the channel marks it as a message arrives, before the
 // callback runs. NAKACK uses it so that a flush waits for the messages on
 // their way up the stack, never for what the application does with them.
+//
+// Between Admit and Release, the messages carrying it also count as
+// delivered in the view current at Admit: a view that comes meanwhile
+// reaches the application after them, even when a layer between splits
+// them up and the first one marks the receipt (and lets a flush install
+// that view) while the others are still on their way.
 type Receipt struct {
 	taken  atomic.Bool
 	notify func()
+	cb     *callbacks // the channel's, or nil
+	ep     atomic.Pointer[epoch]
 }
 
-// NewReceipt returns a receipt that calls notify (if not nil) when it is
-// first marked after a Reset.
-func NewReceipt(notify func()) *Receipt { return &Receipt{notify: notify} }
+// NewReceipt returns a receipt for messages passed up s that calls notify
+// (if not nil) when it is first marked after a Reset.
+func NewReceipt(s *Stack, notify func()) *Receipt {
+	r := &Receipt{notify: notify}
+	if s != nil && s.top.ch != nil {
+		r.cb = s.top.ch.cb
+	}
+	return r
+}
 
 // Reset clears the mark before the receipt goes out with new messages.
 func (r *Receipt) Reset() { r.taken.Store(false) }
@@ -156,6 +170,22 @@ func (r *Receipt) Taken() bool { return r.taken.Load() }
 func (r *Receipt) take() {
 	if !r.taken.Load() && r.taken.CompareAndSwap(false, true) && r.notify != nil {
 		r.notify()
+	}
+}
+
+// Admit counts the messages about to be passed up with r in the current
+// view, until Release; the caller passes them up on its own goroutine in
+// between. A few atomic operations.
+func (r *Receipt) Admit() {
+	if r.cb != nil {
+		r.ep.Store(r.cb.enter())
+	}
+}
+
+// Release ends what Admit began, once the messages have been passed up.
+func (r *Receipt) Release() {
+	if e := r.ep.Swap(nil); e != nil {
+		r.cb.leave(e)
 	}
 }
 

@@ -662,6 +662,9 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 	finished := false
 	defer func() {
 		if !finished {
+			if t.rc != nil {
+				t.rc.Release() // a layer above panicked mid-delivery
+			}
 			n.mu.Lock()
 			t.removing = false
 			n.signalLocked()
@@ -699,12 +702,17 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 			return
 		}
 		if t.rc == nil {
-			t.rc = stack.NewReceipt(n.receiptTaken)
+			t.rc = stack.NewReceipt(n.Stack(), n.receiptTaken)
 		}
 		t.rc.Reset()
 		for _, m := range msgs {
 			m.SetReceipt(t.rc)
 		}
+		// Counted in the view of now, before the lock goes: a flush
+		// that sees them delivered may install the next view as soon as
+		// the first reaches the channel, and the rest must still come
+		// before that view (a layer above may split the batch: FRAG).
+		t.rc.Admit()
 		n.mu.Unlock()
 		n.st.delivered.Add(int64(len(msgs)))
 		if len(msgs) == 1 {
@@ -712,6 +720,7 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 		} else {
 			n.PassUpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular, Msgs: msgs})
 		}
+		t.rc.Release()
 		clear(msgs)
 		n.mu.Lock()
 		t.spare = msgs[:0]
