@@ -223,8 +223,8 @@ func TestGroupFCConfigOnLoopback(t *testing.T) {
 		require.NoError(t, ch.Connect(t.Context(), "groupfc-cfg"))
 	}
 	stacktest.WaitForSameView(t, 30*time.Second, chs...)
-	g := groupfc.Of(chs[0])
-	require.NotNil(t, g)
+	g, err := groupfc.Of(chs[0])
+	require.NoError(t, err)
 	require.NoError(t, g.Broadcast(t.Context(), []byte("hello")))
 	to, err := g.Anycast(t.Context(), 2, []byte("one of you"))
 	require.NoError(t, err)

@@ -298,6 +298,10 @@ func decodeProtocol(file string, md toml.MetaData, prim toml.Primitive, sec sect
 		if near := nearest(name, registeredNames()); near != "" {
 			hint = fmt.Sprintf("; did you mean %q?", near)
 		}
+		if _, ok := LookupProtocol("NAKACK"); !ok {
+			// The shipped protocols register themselves when imported.
+			hint += `; a program registers the shipped protocols with import _ "github.com/strata-go/strata/protocols/all"`
+		}
 		return nil, cerr(label, "type", "unknown protocol %q%s (registered: %s)", name, hint, strings.Join(registeredNames(), ", "))
 	}
 	valid := make([]string, 0, len(pt.Keys))

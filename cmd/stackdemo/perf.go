@@ -347,8 +347,8 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		pm.ch = ch
 		ms[i] = pm
 	}
-	if o.mode == "anycast" && groupfc.Of(ms[0].ch) == nil {
-		return nil, errors.New("-mode anycast needs GROUPFC in the stack (try -config configs/groupfc.toml)")
+	if _, err := groupfc.Of(ms[0].ch); o.mode == "anycast" && err != nil {
+		return nil, fmt.Errorf("-mode anycast: %w", err)
 	}
 	cluster := fmt.Sprint("perf-", rand.Uint32())
 	errc := make(chan error, len(ms))
@@ -518,7 +518,7 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, sent *
 	buf := make([]byte, o.size)
 	binary.BigEndian.PutUint32(buf[1:], uint32(i))
 	ts := targets(o, ms, i)
-	gfc := groupfc.Of(me.ch)
+	gfc, _ := groupfc.Of(me.ch) // nil without GROUPFC: the modes that need it were refused above
 	for s := range o.count {
 		binary.BigEndian.PutUint64(buf[5:], uint64(s))
 		switch o.mode {

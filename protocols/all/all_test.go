@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	_ "github.com/strata-go/strata/protocols/all"
+	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -53,4 +54,13 @@ func FuzzShippedHeaders(f *testing.F) {
 			t.Fatalf("decoded header %v: Size %d, encoded %d", h, h.Size(), len(enc))
 		}
 	})
+}
+
+// mustGroupFC returns ch's GROUPFC layer; the stack has one.
+func mustGroupFC(ch *stack.Channel) *groupfc.GroupFC {
+	g, err := groupfc.Of(ch)
+	if err != nil {
+		panic(err)
+	}
+	return g
 }

@@ -188,7 +188,9 @@ func callbackCase(t *testing.T, file string, cb, act int) {
 	r := newChaosRun(t, file, uint64(100*cb+act+1))
 	if file == "groupfc.toml" {
 		r.groupfc = true
-		r.prepare = func(ch *stack.Channel) { groupfc.Of(ch).SetIdentity(0, true, true) }
+		r.prepare = func(ch *stack.Channel) {
+			mustGroupFC(ch).SetIdentity(groupfc.Identity{Loopback: true, MemberEvents: true})
+		}
 	}
 	r.start(n)
 	defer r.close()

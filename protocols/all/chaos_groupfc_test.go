@@ -36,7 +36,7 @@ func scenarioC(t *testing.T, seed uint64) {
 	r.groupfc = true
 	inst := uint64(0)
 	r.prepare = func(ch *stack.Channel) {
-		groupfc.Of(ch).SetIdentity(inst%2, true, true) // loopback: a sender gets its own broadcasts
+		mustGroupFC(ch).SetIdentity(groupfc.Identity{Instance: inst % 2, Loopback: true, MemberEvents: true}) // loopback: a sender gets its own broadcasts
 		inst++
 	}
 	r.start(n)

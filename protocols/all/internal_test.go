@@ -150,7 +150,7 @@ func controlWorkload(t *testing.T, file string, spy *headerSpy) {
 		d.DropDownIf(spy.observe)
 		require.NoError(t, ch.Stack().InsertAbove(d, "SIM"))
 		if r.groupfc {
-			groupfc.Of(ch).SetIdentity(0, true, true)
+			mustGroupFC(ch).SetIdentity(groupfc.Identity{Loopback: true, MemberEvents: true})
 		}
 	}
 	r.start(n)

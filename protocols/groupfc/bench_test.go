@@ -139,7 +139,7 @@ func inject(b *testing.B, chs []*stack.Channel) {
 	stacktest.InjectView(b, stack.NewView(addrs[0], 2, addrs...), chs...)
 	// GROUPFC's JOIN exchange: wait until every member sees every other.
 	for _, ch := range chs {
-		if g := groupfc.Of(ch); g != nil {
+		if g, err := groupfc.Of(ch); err == nil {
 			if !stacktest.Eventually(5*time.Second, func() bool {
 				n := 0
 				for _, m := range g.Members() {

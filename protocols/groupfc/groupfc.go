@@ -162,10 +162,15 @@ func New(cfg Config) *GroupFC {
 	return &GroupFC{cfg: cfg, wakeCh: make(chan struct{}), rr: map[uint64]int{}, downs: map[stack.Address]bool{}}
 }
 
-// Of returns the GROUPFC layer of ch's stack, or nil.
-func Of(ch *stack.Channel) *GroupFC {
-	g, _ := ch.Stack().Find("GROUPFC").(*GroupFC)
-	return g
+// ErrNoGroupFC is Of's error for a stack without GROUPFC.
+var ErrNoGroupFC = errors.New(`groupfc: no GROUPFC layer in the stack (use configs/groupfc.toml, or add [[protocol]] type = "GROUPFC" above GMS)`)
+
+// Of returns the GROUPFC layer of ch's stack, or ErrNoGroupFC.
+func Of(ch *stack.Channel) (*GroupFC, error) {
+	if g, ok := stack.Find[*GroupFC](ch.Stack()); ok {
+		return g, nil
+	}
+	return nil, ErrNoGroupFC
 }
 
 // Name returns "GROUPFC".
@@ -174,12 +179,20 @@ func (p *GroupFC) Name() string { return "GROUPFC" }
 // Init validates the config.
 func (p *GroupFC) Init() error { return p.cfg.Validate() }
 
+// Identity is who a member is in the group: its instance and what it
+// receives (the config keys instance, loopback and member_events).
+type Identity struct {
+	Instance     uint64
+	Loopback     bool // receive own broadcasts and multicasts
+	MemberEvents bool // deliver member UP and DOWN events in message order
+}
+
 // SetIdentity sets this member's instance and flags; call it before
 // Connect (it overrides the config).
-func (p *GroupFC) SetIdentity(instance uint64, loopback, memberEvents bool) {
+func (p *GroupFC) SetIdentity(id Identity) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents = instance, loopback, memberEvents
+	p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents = id.Instance, id.Loopback, id.MemberEvents
 }
 
 // ---- sending

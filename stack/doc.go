@@ -1,0 +1,44 @@
+// Package stack is strata's core: the channel an application embeds, the
+// protocol stack beneath it, and what protocol writers build layers with.
+//
+// # For applications
+//
+// A Channel is a member of a group. Build one from a stack config (the
+// shipped ones are in package configs; import _ ".../protocols/all" to
+// register the shipped protocols), set a Receiver, Connect to a cluster
+// name, then Send messages to a member or to the group (a zero
+// destination). Receive gets messages; ViewAccepted gets each new view of
+// the group, in order with the messages (virtual synchrony with FLUSH in
+// the stack). Callbacks never run under a protocol's lock; a callback may
+// send.
+//
+//	ch, err := stack.NewChannelFromFS(configs.FS, "udp.toml", stack.WithReceiver(r))
+//	...
+//	err = ch.Connect(ctx, "my-group")
+//	err = ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello")))
+//
+// Message flags choose the lane a message travels on: OOB messages are
+// not ordered behind others, INTERNAL is for protocols' own traffic.
+// GetState and ConnectWithState move the application's state (with
+// STATE_TRANSFER); StartFlush and StopFlush block the group (with FLUSH).
+//
+// # For protocol writers
+//
+// A protocol is a type that embeds Base and overrides what it handles:
+// Down and Up (one message), UpBatch (a batch from one sender), DownEvent
+// and UpEvent (control events, see EventType), Start and Stop. Register
+// makes it available to stack configs, with its config struct, its
+// services (what it provides and needs around it), and a header type with
+// RegisterHeader. Base forwards everything else, so a layer sees only what
+// concerns it. Layers share what they must through this package (Digest,
+// Reconcile, MemberInfo, MembershipHeader, Flusher, StateTransferer),
+// never by importing one another. Package stacktest builds small stacks on
+// the in-memory network SIM for tests in virtual time (testing/synctest).
+//
+// # The wire
+//
+// Messages travel in bundles (EncodeBundle, DecodeBundle); headers encode
+// themselves with the Append* helpers and decode with a Reader, which
+// records the first error instead of panicking, so malformed input is
+// counted and dropped.
+package stack
