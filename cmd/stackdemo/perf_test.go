@@ -44,7 +44,7 @@ func TestPerfDefaultRunsWithoutLoss(t *testing.T) {
 func TestPerfAnycastNeedsGroupFCAndRunsWithIt(t *testing.T) {
 	code, _, errOut := runCmd("perf", "-members", "3", "-mode", "anycast", "-count", "100")
 	require.Equal(t, exitFail, code)
-	require.Contains(t, errOut, "needs GROUPFC")
+	require.Contains(t, errOut, "no GROUPFC layer in the stack")
 	code, out, errOut := runCmd("perf", "-config", filepath.Join("..", "..", "configs", "groupfc.toml"), "-members", "3", "-mode", "anycast", "-count", "1000")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "no loss")
