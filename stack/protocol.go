@@ -87,10 +87,12 @@ type Base struct {
 	up    atomic.Pointer[link]
 	down  atomic.Pointer[link]
 	log   *slog.Logger
-	gmu   sync.Mutex
-	done  chan struct{}
-	wg    sync.WaitGroup
-	stopd bool
+	gmu    sync.Mutex
+	done   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stopd  bool
 }
 
 func (b *Base) base() *Base { return b }
@@ -262,6 +264,29 @@ func (b *Base) Done() <-chan struct{} {
 	return b.done
 }
 
+// Context returns a context that is cancelled when the layer stops, for
+// the calls a layer's own goroutines make (a wait that must end at Stop).
+func (b *Base) Context() context.Context {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	b.ensureLocked()
+	return b.ctx
+}
+
+// ensureLocked makes Done's channel and Context's context; callers hold
+// gmu.
+func (b *Base) ensureLocked() {
+	if b.done == nil {
+		b.done = make(chan struct{})
+	}
+	if b.ctx == nil {
+		b.ctx, b.cancel = context.WithCancel(context.Background())
+		if b.stopd {
+			b.cancel()
+		}
+	}
+}
+
 // Go runs f on a goroutine owned by the layer: the stack closes Done and
 // waits for f to return when the layer stops. Go after Stop runs nothing and
 // returns false.
@@ -313,6 +338,7 @@ func (b *Base) beginStart() {
 	defer b.gmu.Unlock()
 	if b.stopd || b.done == nil {
 		b.done = make(chan struct{})
+		b.ctx, b.cancel = nil, nil
 	}
 	b.stopd = false
 }
@@ -328,6 +354,9 @@ func (b *Base) beginStop() {
 		b.done = make(chan struct{})
 	}
 	close(b.done)
+	if b.cancel != nil {
+		b.cancel()
+	}
 }
 
 func (b *Base) waitGoroutines() { b.wg.Wait() }

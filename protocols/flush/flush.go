@@ -476,16 +476,9 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 	if cur == nil || cur.id != h.Round {
 		return
 	}
-	f.Go(func(done <-chan struct{}) {
-		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.StartTimeout)
+	f.Go(func(<-chan struct{}) {
+		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.StartTimeout) // ends at Stop too
 		defer cancel()
-		go func() {
-			select {
-			case <-done:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, stack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
 			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
 			return
