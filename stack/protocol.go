@@ -81,12 +81,12 @@ type link struct{ p Protocol }
 // forwards every message and event by default, owns the layer's goroutines
 // and gives access to the stack (local address, cluster, logger).
 type Base struct {
-	self  Protocol
-	id    uint16
-	st    *Stack
-	up    atomic.Pointer[link]
-	down  atomic.Pointer[link]
-	log   *slog.Logger
+	self   Protocol
+	id     uint16
+	st     *Stack
+	up     atomic.Pointer[link]
+	down   atomic.Pointer[link]
+	log    *slog.Logger
 	gmu    sync.Mutex
 	done   chan struct{}
 	ctx    context.Context

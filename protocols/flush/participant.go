@@ -1,0 +1,225 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// ---- messages
+
+func (f *FLUSH) send(dest stack.Address, h *Header) {
+	if dest == f.LocalAddress() {
+		f.handle(dest, h)
+		return
+	}
+	flags := stack.Internal | stack.OOB
+	f.mu.Lock()
+	if f.regularStop && (h.Type == typeStop || h.Type == typeUnblocked) {
+		flags = 0
+	}
+	f.mu.Unlock()
+	m := stack.NewMessage(dest, nil).Set(flags)
+	m.PutHeader(f.ID(), h)
+	if err := f.PassDown(context.Background(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
+		f.Log().Debug("flush: send failed", "type", h.Kind(), "to", dest, "error", err)
+	}
+}
+
+// Up handles flush messages; others pass.
+func (f *FLUSH) Up(m *stack.Message) {
+	h, ok := m.Header(f.ID()).(*Header)
+	if !ok {
+		f.PassUp(m)
+		return
+	}
+	f.handle(m.Src, h)
+}
+
+func (f *FLUSH) handle(src stack.Address, h *Header) {
+	switch h.Type {
+	case typeStart:
+		f.handleStart(src, h)
+	case typeReconcile:
+		f.handleReconcile(src, h)
+	case typeStop, typeAbort:
+		f.handleStop(src, h)
+	case typeCompleted, typeReconcileOK, typeUnblocked:
+		f.answer(src, h)
+	case typeStateDone:
+		f.mu.Lock()
+		f.stateDone[src] = true
+		f.mu.Unlock()
+		select {
+		case f.stateWake <- struct{}{}:
+		default:
+		}
+	case typeNotCompleted:
+		f.mu.Lock()
+		if ir := f.run; ir != nil && ir.id == h.Round && ir.phase == typeCompleted {
+			ir.refused = true
+			ir.kick()
+		}
+		f.mu.Unlock()
+		f.refusals.Add(1)
+	}
+}
+
+// supersedes reports whether round n takes the place of cur at a
+// participant: a newer round of the same initiator; a view-change round
+// over an application's round, or over a view-change round whose initiator
+// it leaves out (the coordinator crashed or left); between two application
+// rounds, the initiator with the lower address wins, so colliding
+// initiators never livelock.
+func supersedes(n *Header, cur *partRound) bool {
+	switch {
+	case n.Round.Initiator == cur.id.Initiator:
+		return n.Round.N > cur.id.N
+	case n.ViewChange && !cur.vc:
+		return true
+	case n.ViewChange && cur.vc:
+		return !slices.Contains(n.Participants, cur.id.Initiator)
+	case !n.ViewChange && !cur.vc:
+		return n.Round.Initiator.Compare(cur.id.Initiator) < 0
+	}
+	return false
+}
+
+func (f *FLUSH) handleStart(src stack.Address, h *Header) {
+	if src != h.Round.Initiator {
+		return
+	}
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	f.mu.Lock()
+	if h.Round.N <= f.done[src] {
+		// Its STOP_FLUSH (or ABORT) overtook it: the round is over.
+		f.mu.Unlock()
+		f.lateStarts.Add(1)
+		return
+	}
+	var old *partRound
+	switch cur := f.cur; {
+	case cur == nil:
+	case cur.id == h.Round:
+		f.mu.Unlock()
+		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
+		return
+	case supersedes(h, cur):
+		old = cur
+	default:
+		f.mu.Unlock()
+		f.send(src, &Header{Type: typeNotCompleted, Round: h.Round})
+		return
+	}
+	cur := &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
+	if f.view != nil {
+		cur.from = f.view.ID
+	}
+	f.cur = cur
+	f.mu.Unlock()
+	if old != nil {
+		f.superseded.Add(1)
+		f.send(old.id.Initiator, &Header{Type: typeNotCompleted, Round: old.id})
+	}
+	f.block()
+	d := f.digest(cur)
+	f.Log().Debug("flush: completed", "round", h.Round, "digest", d)
+	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: d})
+}
+
+func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
+	f.mu.Lock()
+	cur := f.cur
+	f.mu.Unlock()
+	if cur == nil || cur.id != h.Round {
+		return
+	}
+	f.Go(func(<-chan struct{}) {
+		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.StartTimeout) // ends at Stop too
+		defer cancel()
+		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, stack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
+			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
+			return
+		}
+		f.Log().Debug("flush: reconciled", "round", h.Round)
+		f.send(src, &Header{Type: typeReconcileOK, Round: h.Round})
+	})
+}
+
+type stopWait struct {
+	src stack.Address
+	h   *Header
+}
+
+func (f *FLUSH) handleStop(src stack.Address, h *Header) {
+	if src != h.Round.Initiator {
+		return
+	}
+	f.pmu.Lock()
+	f.mu.Lock()
+	if h.Round.N > f.done[src] {
+		f.done[src] = h.Round.N
+	}
+	mine := f.cur != nil && f.cur.id == h.Round
+	joiner := f.cur == nil && f.joining
+	if (mine || joiner) && h.Type == typeStop && h.View.Seq > 0 && (f.view == nil || f.view.ID.Seq < h.View.Seq) {
+		// The view this round installed has not reached this member yet
+		// (its copy was lost): unblocked now, it would send in the old view
+		// what the others deliver in the new one. It unblocks when the view
+		// comes (the safety valve bounds the wait).
+		f.stopWait = &stopWait{src: src, h: h}
+		f.mu.Unlock()
+		f.pmu.Unlock()
+		f.stopsDeferred.Add(1)
+		return
+	}
+	abortVC := mine && h.Type == typeAbort && f.cur.vc
+	if abortVC {
+		f.heldSince = time.Now()
+	}
+	f.mu.Unlock()
+	switch {
+	case abortVC:
+		// The initiator gave up on this attempt and may go on without
+		// this member, which is then not in the next view. It may send
+		// again, but delivers nothing beyond what it had delivered until
+		// a view comes (or timeout passes): what the others send now
+		// belongs to a view it may not be in.
+		f.open(false)
+	case mine || joiner:
+		f.unblock()
+	}
+	f.pmu.Unlock()
+	f.send(src, &Header{Type: typeUnblocked, Round: h.Round})
+}
+
+func (f *FLUSH) answer(src stack.Address, h *Header) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ir := f.run
+	if ir == nil || ir.id != h.Round || ir.phase != h.Type {
+		return
+	}
+	ir.answered[src] = h.Digest
+	ir.kick()
+}
+
+// digest returns this member's digest for the round; before a view change
+// it also holds every sender at what this member delivered until the round
+// ends (see stack.EvHold).
+func (f *FLUSH) digest(r *partRound) stack.Digest {
+	ev := stack.EvGetDigest
+	if r != nil && r.vc {
+		ev = stack.EvHold
+	}
+	v, err := f.PassDownEvent(context.Background(), stack.Ev(ev, nil))
+	if err != nil {
+		return nil
+	}
+	d, _ := v.(stack.Digest)
+	return d
+}

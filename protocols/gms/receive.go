@@ -1,0 +1,268 @@
+package gms
+
+import (
+	"slices"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// ---- receiving
+
+// Up handles GMS messages; others pass.
+func (g *GMS) Up(m *stack.Message) {
+	h, ok := m.Header(g.ID()).(*Header)
+	if !ok {
+		g.PassUp(m)
+		return
+	}
+	g.handle(m.Src, h)
+}
+
+func (g *GMS) handle(src stack.Address, h *Header) {
+	self := g.LocalAddress()
+	if src == self && h.Type != typeView {
+		return
+	}
+	switch h.Type {
+	case typeJoinReq:
+		g.mu.Lock()
+		v := g.view
+		coord := stack.Address{}
+		if v != nil {
+			coord = g.coordLocked()
+		}
+		g.mu.Unlock()
+		if v == nil {
+			g.msgsIgnored.Add(1)
+			return
+		}
+		if coord != self {
+			g.send(src, &Header{Type: typeJoinRsp, Coord: coord, Fail: "not the coordinator"})
+			return
+		}
+		g.enqueue(request{kind: reqJoin, addr: src, state: h.State})
+	case typeJoinRsp:
+		g.mu.Lock()
+		asked := g.askedCoord
+		g.mu.Unlock()
+		if src != asked {
+			g.msgsIgnored.Add(1) // not the member this one asked to join
+			return
+		}
+		select {
+		case g.joinRsp <- h:
+		default:
+		}
+	case typeView:
+		g.handleView(src, h.View, nil)
+	case typeInstallView:
+		g.handleView(src, h.View, h.Digest)
+	case typeViewAck:
+		g.ack(src, h.ViewID)
+	case typeLeaveReq:
+		g.enqueue(request{kind: reqLeave, addr: src})
+	case typeLeaveRsp:
+		g.leftGroup()
+	case typeMergeReq:
+		g.handleMergeReq(src, h)
+	case typeMergeRsp:
+		// One answer from each coordinator asked: any other is stray or
+		// forged (merge ids are not secret).
+		g.mu.Lock()
+		ms := g.merge
+		ok := ms != nil && ms.rsps != nil && ms.id == h.MergeID && ms.asked[src]
+		if ok {
+			delete(ms.asked, src)
+		}
+		g.mu.Unlock()
+		g.Log().Debug("gms: merge response", "from", src, "merge", h.MergeID, "taken", ok)
+		if !ok {
+			g.msgsIgnored.Add(1)
+			return
+		}
+		select {
+		case ms.rsps <- &mergeRsp{from: src, h: h}:
+		default:
+		}
+	case typeCancelMerge:
+		g.mu.Lock()
+		if g.merge != nil && g.merge.id == h.MergeID && g.merge.rsps == nil {
+			g.merge = nil
+		}
+		g.mu.Unlock()
+		g.kick()
+	}
+}
+
+func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
+	self := g.LocalAddress()
+	if v == nil {
+		return
+	}
+	g.mu.Lock()
+	cur, leaving := g.view, g.leaving
+	g.mu.Unlock()
+	if cur == nil {
+		// Still joining: the view comes with the join answer.
+		g.msgsIgnored.Add(1)
+		return
+	}
+	// A view comes from a member of the current view or of the view itself
+	// (a merge leader); one that excludes this member only from a member of
+	// the current view. Anything else is forged or stray.
+	// A merge view that names this member's view as one of its subgroups
+	// but leaves this member out (the merge's flush went on without it)
+	// comes from a leader outside that view, and is this member's exclusion.
+	named := v.IsMerge() && slices.ContainsFunc(v.Subgroups, func(s *stack.View) bool { return s.ID == cur.ID })
+	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) && !(named && !v.Contains(self)) {
+		g.msgsIgnored.Add(1)
+		return
+	}
+	if !v.Contains(self) {
+		if !newer(v, cur) || src == self {
+			return
+		}
+		if leaving {
+			g.leftGroup()
+			return
+		}
+		// Excluded (suspected while alive, or left out of a flush): say
+		// so to the coordinator, which waits for it, and carry on alone;
+		// MERGE3 brings this member back.
+		if !v.IsMerge() {
+			g.send(src, &Header{Type: typeViewAck, ViewID: v.ID})
+		}
+		g.Log().Warn("excluded from the view; continuing as a group of one until a merge", "view", v)
+		g.install(stack.NewView(self, v.ID.Seq+1, self), nil)
+		return
+	}
+	if src != self {
+		g.install(v, d)
+	}
+	g.mu.Lock()
+	now := g.view
+	g.mu.Unlock()
+	if now != nil && now.ID == v.ID && src != self {
+		g.send(src, &Header{Type: typeViewAck, ViewID: v.ID})
+	}
+	if d != nil {
+		g.mu.Lock()
+		if g.merge != nil && g.merge.rsps == nil && g.merge.id.Leader == src {
+			g.merge = nil
+		}
+		g.mu.Unlock()
+	}
+}
+
+func (g *GMS) leftGroup() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.leaving {
+		return
+	}
+	select {
+	case <-g.leaveDone:
+	default:
+		close(g.leaveDone)
+	}
+}
+
+// UpEvent takes suspicions and merge requests.
+func (g *GMS) UpEvent(ev stack.Event) (any, error) {
+	switch ev.Type {
+	case stack.EvSuspect:
+		as, _ := ev.Arg.([]stack.Address)
+		g.suspect(as)
+		// Layers above (GROUPFC) learn that these members' nodes are down.
+		return g.PassUpEvent(ev)
+	case stack.EvUnsuspect:
+		if a, ok := ev.Arg.(stack.Address); ok {
+			g.mu.Lock()
+			delete(g.suspects, a)
+			g.mu.Unlock()
+		}
+		return g.PassUpEvent(ev)
+	case stack.EvJoinRefused:
+		// A layer below (AUTH) says the coordinator refused this member
+		// for good: the join ends with its reason.
+		if r, ok := ev.Arg.(stack.JoinRefused); ok && r.Reason != nil {
+			g.mu.Lock()
+			asked := g.askedCoord
+			g.mu.Unlock()
+			if r.By == asked {
+				select {
+				case g.joinRsp <- &Header{Type: typeJoinRsp, Fail: r.Reason.Error(), refused: r.Reason}:
+				default:
+				}
+			}
+		}
+		return nil, nil
+	case stack.EvMerge:
+		coords, _ := ev.Arg.([]stack.Address)
+		if len(coords) > 1 {
+			g.enqueue(request{kind: reqMerge, coords: coords})
+		}
+		return nil, nil
+	case stack.EvViewInconsistent:
+		inc, _ := ev.Arg.(stack.ViewInconsistency)
+		g.mu.Lock()
+		v := g.view
+		g.mu.Unlock()
+		if v == nil || v.Coordinator() != g.LocalAddress() {
+			return nil, nil
+		}
+		// Members that missed a view get the current one by unicast
+		// (reliable); a view this coordinator never installed is overtaken
+		// by a new one above it.
+		// A merge view goes again with the digest it came with: a member
+		// that missed it must start the other subgroups' senders where the
+		// others did, not at seqno 0, or it waits for ever for messages
+		// purged long ago. Any other view goes as it went, bare: its new
+		// members are joiners, whose messages start at seqno 1.
+		g.mu.Lock()
+		h := &Header{Type: typeView, View: v}
+		if g.viewDigestID == v.ID {
+			h = &Header{Type: typeInstallView, View: v, Digest: g.viewDigest}
+		}
+		g.mu.Unlock()
+		for _, a := range inc.Behind {
+			if v.Contains(a) && a != g.LocalAddress() {
+				g.viewsResent.Add(1)
+				g.send(a, h)
+			}
+		}
+		if inc.Above >= v.ID.Seq {
+			g.enqueue(request{kind: reqRefresh, above: inc.Above})
+		}
+		return nil, nil
+	}
+	return g.PassUpEvent(ev)
+}
+
+func (g *GMS) suspect(as []stack.Address) {
+	self := g.LocalAddress()
+	g.mu.Lock()
+	added := false
+	for _, a := range as {
+		if a != self && g.view.Contains(a) && !g.suspects[a] {
+			g.suspects[a] = true
+			added = true
+		}
+		// A view's acknowledgement is no longer awaited from it.
+		if aw := g.acks; aw != nil && aw.missing[a] {
+			delete(aw.missing, a)
+			if len(aw.missing) == 0 {
+				close(aw.done)
+			}
+		}
+	}
+	coord := g.view != nil && g.coordLocked() == self
+	g.mu.Unlock()
+	if added {
+		g.suspectsHandled.Add(1)
+		g.Log().Info("members suspected", "members", as)
+	}
+	if added && coord {
+		g.enqueue(request{kind: reqSuspect})
+	}
+}

@@ -1,0 +1,133 @@
+package nakack
+
+import (
+	"context"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
+	n.st.xmitReqRecv.Add(1)
+	var out []*stack.Message
+	purged := uint64(0)
+	n.mu.Lock()
+	if t := n.tables[h.Sender]; t != nil {
+		bytes := 0
+		for _, s := range h.Missing {
+			if s < t.low && h.Sender == n.LocalAddress() {
+				purged = t.low - 1
+			}
+			if e := t.msgs[s]; e != nil && e.m != nil && bytes < maxXmitBytes {
+				bytes += len(e.m.Payload)
+				c := e.m.Copy()
+				c.Dest = from
+				c.PutHeader(n.ID(), &Header{Type: typeXmitRsp, Seqno: s})
+				out = append(out, c)
+			}
+		}
+	}
+	n.mu.Unlock()
+	for _, m := range out {
+		n.st.xmits.Add(1)
+		_ = n.PassDown(context.Background(), m)
+	}
+	if purged > 0 {
+		// Only the sender speaks for its own messages: another member's
+		// table may start late (it joined), which says nothing about them.
+		n.st.purgedAnswers.Add(1)
+		n.control(from, &Header{Type: typePurged, Seqno: purged})
+	}
+}
+
+// xmitTask asks for missing messages (from the original sender, or any
+// member if it is gone), paced per sender; with whole (once per
+// xmit_interval) it also lets receivers learn this member's highest seqno
+// when it has not sent since the last run. It reports whether a gap is
+// left.
+func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
+	self := n.LocalAddress()
+	type req struct {
+		to stack.Address
+		h  *Header
+	}
+	var reqs []req
+	announce := uint64(0)
+	now := time.Now()
+	n.mu.Lock()
+	var others []stack.Address
+	if n.view != nil {
+		for _, m := range n.view.Members {
+			if m != self {
+				others = append(others, m)
+			}
+		}
+	}
+	for src, t := range n.tables {
+		if src == self || t.hr <= t.hd {
+			continue
+		}
+		gaps = true
+		if !t.xmit.Due(now, t.hd, n.cfg.firstXmit(), n.cfg.XmitInterval) {
+			continue
+		}
+		var missing []uint64
+		for s := t.hd + 1; s <= t.hr && len(missing) < n.cfg.MaxXmitReq; s++ {
+			if t.msgs[s] == nil {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		n.st.gaps.Add(int64(len(missing)))
+		if t.hd == t.askedAt {
+			t.asks++
+		} else {
+			t.asks, t.askedAt = 0, t.hd
+		}
+		to := src
+		// A sender that left, or has not answered the last request (it may
+		// have crashed), is not the only member that may hold the messages.
+		if len(others) > 0 && (n.view != nil && !n.view.Contains(src) || t.asks%2 == 1) {
+			to = others[n.Rand().IntN(len(others))]
+		}
+		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
+	}
+	recoverOwn := false
+	if own := n.tables[self]; whole && own != nil {
+		// Own messages are delivered when the transport loops them back;
+		// one dropped on the way down (a lossy layer above the transport)
+		// would hold up every later one, so after a whole interval deliver
+		// it from here.
+		for s := own.hd + 1; s <= n.lastTick; s++ {
+			if e := own.msgs[s]; e != nil && !e.arrived {
+				e.arrived, recoverOwn = true, true
+			}
+		}
+		n.lastTick = n.seqno
+		if n.seqno != n.lastSent {
+			n.lastSent, n.backoff = n.seqno, 0
+		} else if n.seqno > 0 && own.low <= n.seqno {
+			if n.backoff == 0 {
+				n.backoff = n.cfg.XmitInterval
+			}
+			if now.Sub(n.lastHS) >= n.backoff {
+				announce, n.lastHS = n.seqno, now
+				n.backoff = min(2*n.backoff, 64*n.cfg.XmitInterval)
+			}
+		}
+	}
+	n.mu.Unlock()
+	for _, r := range reqs {
+		n.st.xmitReqSent.Add(1)
+		n.control(r.to, r.h)
+	}
+	if announce > 0 {
+		n.control(stack.Address{}, &Header{Type: typeHighestSeqno, Seqno: announce})
+	}
+	if recoverOwn {
+		n.deliverFrom(self)
+	}
+	return gaps
+}
