@@ -325,3 +325,14 @@ func (r *Reader) AddrPort() netip.AddrPort {
 	ip, _ := netip.AddrFromSlice(raw)
 	return netip.AddrPortFrom(ip, port)
 }
+
+// AppendViewID appends the wire encoding of a view id.
+func AppendViewID(b []byte, id ViewID) []byte {
+	return AppendUvarint(AppendAddress(b, id.Creator), id.Seq)
+}
+
+// ViewIDSize returns the encoded length of id.
+func ViewIDSize(id ViewID) int { return AddressSize + UvarintSize(id.Seq) }
+
+// ViewID reads a view id written by AppendViewID.
+func (r *Reader) ViewID() ViewID { return ViewID{Creator: r.Address(), Seq: r.Uvarint()} }

@@ -64,7 +64,7 @@ func (h *Header) Size() int {
 	case h.Type == typeStart:
 		n += 1 + stack.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
 	case h.Type == typeStop:
-		n += stack.AddressSize + stack.UvarintSize(h.View.Seq)
+		n += stack.ViewIDSize(h.View)
 	case hasDigest(h.Type):
 		n += stack.DigestSize(h.Digest)
 		if h.Type == typeReconcile {
@@ -87,8 +87,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 			b = stack.AppendAddress(b, p)
 		}
 	case h.Type == typeStop:
-		b = stack.AppendAddress(b, h.View.Creator)
-		b = stack.AppendUvarint(b, h.View.Seq)
+		b = stack.AppendViewID(b, h.View)
 	case hasDigest(h.Type):
 		b = stack.AppendDigest(b, h.Digest)
 		if h.Type == typeReconcile {
@@ -120,7 +119,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 			h.Participants[i] = r.Address()
 		}
 	case h.Type == typeStop:
-		h.View = stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}
+		h.View = r.ViewID()
 	case hasDigest(h.Type):
 		h.Digest = stack.ReadDigest(r)
 		if h.Type != typeReconcile || r.Err() != nil {

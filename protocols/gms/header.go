@@ -105,7 +105,7 @@ func (h *Header) Size() int {
 		n += stack.DigestSize(h.Digest)
 	}
 	if bits&hasViewID != 0 {
-		n += stack.AddressSize + stack.UvarintSize(h.ViewID.Seq)
+		n += stack.ViewIDSize(h.ViewID)
 	}
 	if bits&hasMergeID != 0 {
 		n += stack.AddressSize + stack.UvarintSize(h.MergeID.N)
@@ -130,8 +130,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 		b = stack.AppendDigest(b, h.Digest)
 	}
 	if bits&hasViewID != 0 {
-		b = stack.AppendAddress(b, h.ViewID.Creator)
-		b = stack.AppendUvarint(b, h.ViewID.Seq)
+		b = stack.AppendViewID(b, h.ViewID)
 	}
 	if bits&hasMergeID != 0 {
 		b = stack.AppendAddress(b, h.MergeID.Leader)
@@ -162,7 +161,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		}
 	}
 	if bits&hasViewID != 0 {
-		h.ViewID = stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}
+		h.ViewID = r.ViewID()
 	}
 	if bits&hasMergeID != 0 {
 		h.MergeID = MergeID{Leader: r.Address(), N: r.Uvarint()}

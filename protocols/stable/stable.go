@@ -61,18 +61,17 @@ type Header struct {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return stack.AddressSize + stack.UvarintSize(h.ViewID.Seq) + stack.DigestSize(h.Digest)
+	return stack.ViewIDSize(h.ViewID) + stack.DigestSize(h.Digest)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
-	b = stack.AppendAddress(b, h.ViewID.Creator)
-	b = stack.AppendUvarint(b, h.ViewID.Seq)
+	b = stack.AppendViewID(b, h.ViewID)
 	return stack.AppendDigest(b, h.Digest)
 }
 
 func decodeHeader(r *stack.Reader) (stack.Header, error) {
-	h := &Header{ViewID: stack.ViewID{Creator: r.Address(), Seq: r.Uvarint()}}
+	h := &Header{ViewID: r.ViewID()}
 	h.Digest = stack.ReadDigest(r)
 	if err := r.Err(); err != nil {
 		return nil, err
