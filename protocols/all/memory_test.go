@@ -25,6 +25,29 @@ func liveHeap() uint64 {
 	return s[0].Value.Uint64()
 }
 
+// udpPair connects A (which receives nothing) and B (r) on udp.toml over
+// SIM, in one view; call it inside synctest.
+func udpPair(t *testing.T, r stack.Receiver) []*stack.Channel {
+	net := stacktest.NewNetwork(t, 1)
+	data := simStack(t, "udp.toml", "")
+	vars := map[string]string{"STRATA_SIM_NETWORK": net.Name()}
+	var chs []*stack.Channel
+	for i, r := range []stack.Receiver{stack.ReceiverFuncs{}, r} {
+		sc, err := stack.ParseConfigVars("udp.toml", data, vars)
+		require.NoError(t, err)
+		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ch.Close() })
+		require.NoError(t, ch.Connect(t.Context(), "pair"))
+		chs = append(chs, ch)
+	}
+	stacktest.WaitFor(t, time.Minute, func() bool {
+		v := chs[0].View()
+		return v != nil && len(v.Members) == 2
+	}, "one view of two")
+	return chs
+}
+
 // slowCounter is a Receiver that takes its time: every message costs it
 // 50µs (virtual), so a sender without flow control would fill every queue
 // on the way.
@@ -56,24 +79,8 @@ func TestSlowReceiverKeepsHeapsFlat(t *testing.T) {
 		bound = 64 << 20         // live heap allowed above the start
 	)
 	synctest.Test(t, func(t *testing.T) {
-		net := stacktest.NewNetwork(t, 1)
-		data := simStack(t, "udp.toml", "")
-		vars := map[string]string{"STRATA_SIM_NETWORK": net.Name()}
 		recv := &slowCounter{}
-		var chs []*stack.Channel
-		for i, r := range []stack.Receiver{stack.ReceiverFuncs{}, recv} {
-			sc, err := stack.ParseConfigVars("udp.toml", data, vars)
-			require.NoError(t, err)
-			ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = ch.Close() })
-			require.NoError(t, ch.Connect(t.Context(), "memory"))
-			chs = append(chs, ch)
-		}
-		stacktest.WaitFor(t, time.Minute, func() bool {
-			v := chs[0].View()
-			return v != nil && len(v.Members) == 2
-		}, "one view of two")
+		chs := udpPair(t, recv)
 		start := liveHeap()
 		var peak atomic.Uint64
 		sample := func() {
@@ -144,24 +151,8 @@ func TestPeerIgnoringCreditsCannotGrowTheReceiver(t *testing.T) {
 		bound = 16 << 20
 	)
 	synctest.Test(t, func(t *testing.T) {
-		net := stacktest.NewNetwork(t, 1)
-		data := simStack(t, "udp.toml", "")
-		vars := map[string]string{"STRATA_SIM_NETWORK": net.Name()}
 		recv := &orderedCounter{next: map[bool]uint64{}}
-		var chs []*stack.Channel
-		for i, r := range []stack.Receiver{stack.ReceiverFuncs{}, recv} {
-			sc, err := stack.ParseConfigVars("udp.toml", data, vars)
-			require.NoError(t, err)
-			ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = ch.Close() })
-			require.NoError(t, ch.Connect(t.Context(), "ignorer"))
-			chs = append(chs, ch)
-		}
-		stacktest.WaitFor(t, time.Minute, func() bool {
-			v := chs[0].View()
-			return v != nil && len(v.Members) == 2
-		}, "one view of two")
+		chs := udpPair(t, recv)
 		b := chs[1].Address()
 		var wg sync.WaitGroup
 		for _, dest := range []stack.Address{{}, b} {
