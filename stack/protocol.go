@@ -87,6 +87,7 @@ type Base struct {
 	up     atomic.Pointer[link]
 	down   atomic.Pointer[link]
 	log    *slog.Logger
+	view   atomic.Pointer[View] // see View
 	gmu    sync.Mutex
 	done   chan struct{}
 	ctx    context.Context
@@ -225,14 +226,30 @@ func (b *Base) PassUpBatch(bt *Batch) {
 // PassDownEvent sends ev to the layer below; at the bottom it returns nil.
 func (b *Base) PassDownEvent(ctx context.Context, ev Event) (any, error) {
 	if l := b.down.Load(); l != nil {
+		noteView(l.p, ev)
 		return l.p.DownEvent(ctx, ev)
 	}
 	return nil, nil
 }
 
+// noteView records the view of a VIEW_CHANGE about to reach p, for View.
+func noteView(p Protocol, ev Event) {
+	if ev.Type == EvViewChange {
+		if v, ok := ev.Arg.(*View); ok {
+			p.base().view.Store(v)
+		}
+	}
+}
+
+// View returns the last view that reached this layer (down from the
+// membership layer or up from it), or nil before the first. Layers that
+// only need to know the view read it here rather than keep a copy.
+func (b *Base) View() *View { return b.view.Load() }
+
 // PassUpEvent sends ev to the layer above; at the top it reaches the channel.
 func (b *Base) PassUpEvent(ev Event) (any, error) {
 	if l := b.up.Load(); l != nil {
+		noteView(l.p, ev)
 		return l.p.UpEvent(ev)
 	}
 	return nil, nil
@@ -341,6 +358,7 @@ func (b *Base) beginStart() {
 		b.ctx, b.cancel = nil, nil
 	}
 	b.stopd = false
+	b.view.Store(nil) // a new incarnation starts without a view
 }
 
 func (b *Base) beginStop() {

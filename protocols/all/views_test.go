@@ -90,6 +90,7 @@ func TestEachLayerSeesEachViewOnce(t *testing.T) {
 					require.Equal(t, 1, n, "%s of %s saw view %s going up %d times", s.name, stacktest.Names[i], id, n)
 					require.Zero(t, down[id], "%s of %s saw view %s in both directions", s.name, stacktest.Names[i], id)
 				}
+				require.Equal(t, chs[i].View().ID, s.View().ID, "Base.View of %s at %s is the channel's view", s.name, stacktest.Names[i])
 				if s == sp.below {
 					require.NotEmpty(t, down, "below GMS the views go down")
 					require.Empty(t, up)

@@ -128,7 +128,6 @@ type Auth struct {
 
 	mu      sync.Mutex
 	pending map[stack.Address]*pending
-	view    *stack.View
 	trusted map[stack.Address]bool // proved the secret (members of the view are trusted too)
 	proved  map[stack.Address]bool // coordinators whose challenge proved the secret
 	doubted map[stack.Address]bool // coordinators whose REJECT waits out the grace
@@ -158,19 +157,9 @@ func (a *Auth) guarded(m *stack.Message) (guard, ok bool) {
 	case stack.MembershipMerge, stack.MembershipInstall:
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		return true, a.trusted[m.Src] || a.view.Contains(m.Src)
+		return true, a.trusted[m.Src] || a.View().Contains(m.Src)
 	}
 	return false, true
-}
-
-// DownEvent follows the view: its members need no challenge for merges.
-func (a *Auth) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
-		a.mu.Lock()
-		a.view = v
-		a.mu.Unlock()
-	}
-	return a.PassDownEvent(ctx, ev)
 }
 
 // Name returns "AUTH".
@@ -356,11 +345,7 @@ func (a *Auth) weighReject(src stack.Address, done <-chan struct{}) {
 	_, _ = a.PassUpEvent(stack.Ev(stack.EvJoinRefused, stack.JoinRefused{By: src, Reason: stack.ErrAuthFailed}))
 }
 
-func (a *Auth) joined() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.view != nil
-}
+func (a *Auth) joined() bool { return a.View() != nil }
 
 // Stats reports AUTH's counters.
 func (a *Auth) Stats() []stack.Stat {

@@ -148,7 +148,6 @@ type StateTransfer struct {
 	cfg Config
 
 	mu   sync.Mutex
-	view *stack.View
 	next uint64
 	in   map[uint64]*incoming
 	out  map[key]*outgoing
@@ -192,8 +191,8 @@ var ErrNoProvider = errors.New("statetransfer: no member to fetch the state from
 // the next member if this one coordinates) into the application's SetState.
 func (s *StateTransfer) GetState(ctx context.Context, from stack.Address) error {
 	self := s.LocalAddress()
+	v := s.View()
 	s.mu.Lock()
-	v := s.view
 	if from.IsZero() && v != nil {
 		for _, m := range v.Members {
 			if m != self {
@@ -480,33 +479,14 @@ func (s *StateTransfer) handle(m *stack.Message, h *Header) {
 	}
 }
 
-// DownEvent serves Channel.GetState and tracks the view.
+// DownEvent serves Channel.GetState.
 func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	switch ev.Type {
 	case stack.EvGetState:
 		from, _ := ev.Arg.(stack.Address)
 		return nil, s.GetState(ctx, from)
-	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
-			s.setView(v)
-		}
 	}
 	return s.PassDownEvent(ctx, ev)
-}
-
-// UpEvent follows the view when this layer is above the membership layer,
-// which passes views up.
-func (s *StateTransfer) UpEvent(ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
-		s.setView(v)
-	}
-	return s.PassUpEvent(ev)
-}
-
-func (s *StateTransfer) setView(v *stack.View) {
-	s.mu.Lock()
-	s.view = v
-	s.mu.Unlock()
 }
 
 // Stats reports STATE_TRANSFER's counters.
