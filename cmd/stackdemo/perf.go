@@ -406,7 +406,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		for _, ps := range pm.ch.Stats() {
 			for _, s := range ps.Stats {
 				switch s.Name {
-				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked":
+				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full":
 					res.Stats[ps.Protocol+"."+s.Name] += s.Value
 				}
 			}
@@ -783,7 +783,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for _, ps := range ch.Stats() {
 		for _, st := range ps.Stats {
 			switch st.Name {
-			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms":
+			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms", "dropped_queue_full_regular", "dropped_buffer_full":
 				res.Stats[ps.Protocol+"."+st.Name] += st.Value
 			}
 		}
