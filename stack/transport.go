@@ -152,17 +152,13 @@ func (t *TransportBase) loopback(m *Message) {
 
 // Deliver hands bt (one sender, one lane, one destination) to the lanes. The
 // lanes own bt afterwards.
-func (t *TransportBase) Deliver(bt *Batch) { t.deliver(bt, false) }
-
-// deliver is Deliver; own marks the local member's loopback, which the
-// lanes never drop.
-func (t *TransportBase) deliver(bt *Batch, own bool) {
+func (t *TransportBase) Deliver(bt *Batch) {
 	var n int64
 	for _, m := range bt.Msgs {
 		n += int64(len(m.Payload))
 	}
 	t.count(bt.Lane, len(bt.Msgs), n)
-	t.st.lanes.deliver(bt, own)
+	t.st.lanes.deliver(bt, false)
 }
 
 // count adds msgs messages of n payload bytes received on lane.
