@@ -108,7 +108,7 @@ func TestSecureConfigWithstandsAnOutsiderWithoutTheKey(t *testing.T) {
 	phys := make([]netip.AddrPort, members)
 	for i, ch := range chs {
 		addrs[i] = ch.Address()
-		pa, err := ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
+		pa, err := ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
 		require.NoError(t, err)
 		phys[i] = pa.(netip.AddrPort)
 	}
@@ -250,7 +250,7 @@ func TestSecureConfigWithstandsAnOutsiderWithoutTheKey(t *testing.T) {
 		require.True(t, ch.View().ID == view.ID, "member %d's view never changed: %s", i, ch.View())
 		for j, a := range addrs {
 			if i != j {
-				pa, err := ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, a))
+				pa, err := ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: a})
 				require.NoError(t, err)
 				require.Equal(t, phys[j], pa, "member %d knows member %d's real address", i, j)
 			}

@@ -138,7 +138,7 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 	var phys []netip.AddrPort
 	for i, ch := range chs {
 		addrs[i] = ch.Address()
-		pa, err := ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
+		pa, err := ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
 		require.NoError(t, err)
 		phys = append(phys, pa.(netip.AddrPort))
 	}

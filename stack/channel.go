@@ -221,7 +221,7 @@ func (c *Channel) receiver() Receiver {
 // its first view (a view of itself alone if no membership protocol is in the
 // stack), or when ctx ends.
 func (c *Channel) Connect(ctx context.Context, cluster string) error {
-	return c.connect(ctx, ConnectRequest{Cluster: cluster})
+	return c.connect(ctx, EvConnect{Cluster: cluster})
 }
 
 // ConnectWithState joins cluster and fetches the application state from
@@ -237,7 +237,7 @@ func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Add
 	if _, ok := c.receiver().(StateHandler); !ok {
 		return fmt.Errorf("strata: ConnectWithState: the receiver must implement StateHandler (GetState and SetState)")
 	}
-	if err := c.connect(ctx, ConnectRequest{Cluster: cluster, State: true, StateFrom: from}); err != nil {
+	if err := c.connect(ctx, EvConnect{Cluster: cluster, State: true, StateFrom: from}); err != nil {
 		return err
 	}
 	if _, ok := Find[Flusher](c.st); ok || c.View().Size() <= 1 {
@@ -250,7 +250,7 @@ func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Add
 	return nil
 }
 
-func (c *Channel) connect(ctx context.Context, req ConnectRequest) error {
+func (c *Channel) connect(ctx context.Context, req EvConnect) error {
 	cluster := req.Cluster
 	if cluster == "" || len(cluster) > MaxClusterName {
 		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
@@ -281,7 +281,7 @@ func (c *Channel) connect(ctx context.Context, req ConnectRequest) error {
 	c.st.SetCluster(cluster)
 	err := c.st.Start()
 	if err == nil {
-		_, err = c.st.DownEvent(ctx, Ev(EvConnect, req))
+		_, err = c.st.DownEvent(ctx, req)
 	}
 	if err == nil && c.view.Load() == nil {
 		self := c.Address()
@@ -293,7 +293,7 @@ func (c *Channel) connect(ctx context.Context, req ConnectRequest) error {
 		if c.view.Load() != nil {
 			// Joined, then failed (the state could not be fetched): leave
 			// gracefully rather than be suspected as crashed.
-			_, _ = c.st.DownEvent(context.WithoutCancel(ctx), Ev(EvDisconnect, nil))
+			_, _ = c.st.DownEvent(context.WithoutCancel(ctx), EvDisconnect{})
 		}
 		c.connected.Store(false)
 		c.st.Stop()
@@ -358,7 +358,7 @@ func (c *Channel) Disconnect(ctx context.Context) error {
 	}
 	c.state = chOpen
 	c.mu.Unlock()
-	_, err := c.st.DownEvent(ctx, Ev(EvDisconnect, nil))
+	_, err := c.st.DownEvent(ctx, EvDisconnect{})
 	c.connected.Store(false)
 	if inCallback() {
 		c.stopping.Add(1)
@@ -419,7 +419,7 @@ func (c *Channel) StartFlush(ctx context.Context) error {
 	if c.wouldWaitForStateFlush() {
 		return fmt.Errorf("strata: StartFlush from a state callback: %w: the state transfer's flush ends when the callback returns", ErrWouldDeadlock)
 	}
-	_, err := c.st.DownEvent(ctx, Ev(EvStartFlush, nil))
+	_, err := c.st.DownEvent(ctx, EvStartFlush{})
 	return err
 }
 
@@ -430,7 +430,7 @@ func (c *Channel) StopFlush(ctx context.Context) error {
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
-	_, err := c.st.DownEvent(ctx, Ev(EvStopFlush, nil))
+	_, err := c.st.DownEvent(ctx, EvStopFlush{})
 	return err
 }
 
@@ -449,7 +449,7 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 	if err := c.StartFlush(ctx); err != nil {
 		return fmt.Errorf("strata: GetState: %w", err)
 	}
-	_, err := c.st.DownEvent(ctx, Ev(EvGetState, from))
+	_, err := c.st.DownEvent(ctx, EvGetState{From: from})
 	// Unblock the group even if ctx has ended.
 	stopErr := c.StopFlush(context.WithoutCancel(ctx))
 	if err != nil {
@@ -519,11 +519,11 @@ func deliverBatch(r Receiver, bt *Batch) {
 
 func (c *Channel) upEvent(ev Event) (any, error) {
 	r := c.receiver()
-	switch ev.Type {
+	switch e := ev.(type) {
 	case EvViewChange:
-		v, ok := ev.Arg.(*View)
-		if !ok {
-			return nil, fmt.Errorf("strata: VIEW_CHANGE with %T", ev.Arg)
+		v := e.View
+		if v == nil {
+			return nil, errors.New("strata: VIEW_CHANGE without a view")
 		}
 		c.view.Store(v)
 		// A member may send as soon as it has a view, also from the
@@ -546,7 +546,7 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		if !ok {
 			return nil, fmt.Errorf("strata: state transfer needs a receiver with GetState and SetState (StateHandler), have %T", r)
 		}
-		return nil, c.stateCallback(sh, ev)
+		return nil, c.stateCallback(sh, e)
 	case EvBlock:
 		if b, ok := r.(Blocker); ok {
 			c.cb.do(b.Block, false)
@@ -566,18 +566,15 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 func (c *Channel) stateCallback(sh StateHandler, ev Event) error {
 	c.inState.Add(1)
 	defer c.inState.Add(-1)
-	if w, ok := ev.Arg.(io.Writer); ok && ev.Type == EvProvideState {
+	if p, ok := ev.(EvProvideState); ok {
 		// The state covers every message that reached the channel before
 		// the request (those the flush reconciled, some of them perhaps
 		// still queued behind a view callback or on their way into
 		// Receive): the requester's digest starts after them.
 		c.cb.drain()
-		return sh.GetState(w)
+		return sh.GetState(p.W)
 	}
-	if rd, ok := ev.Arg.(io.Reader); ok && ev.Type == EvApplyState {
-		return sh.SetState(rd)
-	}
-	return fmt.Errorf("strata: %s with %T", ev.Type, ev.Arg)
+	return sh.SetState(ev.(EvApplyState).R)
 }
 
 // wouldWaitForStateFlush reports whether the caller runs inside GetState or
@@ -623,9 +620,9 @@ func (s *Stack) InstallView(ctx context.Context, v *View) error {
 			return vi.InstallView(ctx, v)
 		}
 	}
-	if _, err := s.DownEvent(ctx, Ev(EvViewChange, v)); err != nil {
+	if _, err := s.DownEvent(ctx, EvViewChange{View: v}); err != nil {
 		return err
 	}
-	_, err := s.top.UpEvent(Ev(EvViewChange, v))
+	_, err := s.top.UpEvent(EvViewChange{View: v})
 	return err
 }

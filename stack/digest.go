@@ -77,13 +77,3 @@ func ReadDigest(r *Reader) Digest {
 	}
 	return d
 }
-
-// Reconcile is the argument of EvReconcile: deliver, from each sender in
-// Target, everything up to its entry's highest seqno. From[i], when set, is
-// a member known to hold Target[i]'s messages; the reliable-multicast layer
-// asks it directly, because the sender may be gone. A sender held by EvHold
-// is let go up to its target and no further.
-type Reconcile struct {
-	Target Digest
-	From   []Address
-}

@@ -26,12 +26,13 @@
 //
 // A protocol is a type that embeds Base and overrides what it handles:
 // Down and Up (one message), UpBatch (a batch from one sender), DownEvent
-// and UpEvent (control events, see EventType), Start and Stop. Register
+// and UpEvent (control events: one struct type per event, EvViewChange,
+// EvSuspect..., handled in a type switch), Start and Stop. Register
 // makes it available to stack configs, with its config struct, its
 // services (what it provides and needs around it), and a header type with
 // RegisterHeader. Base forwards everything else, so a layer sees only what
 // concerns it. Layers share what they must through this package (Digest,
-// Reconcile, MemberInfo, MembershipHeader, Flusher, StateTransferer),
+// EvReconcile, MemberInfo, MembershipHeader, Flusher, StateTransferer),
 // never by importing one another. Package stacktest builds small stacks on
 // the in-memory network SIM for tests in virtual time (testing/synctest).
 //

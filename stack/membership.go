@@ -23,10 +23,3 @@ type MembershipHeader interface {
 	Header
 	Membership() MembershipKind
 }
-
-// JoinRefused is the argument of EvJoinRefused: the member this one asked
-// to join (By) refused it for Reason, which joining again cannot change.
-type JoinRefused struct {
-	By     Address
-	Reason error
-}

@@ -234,10 +234,8 @@ func (b *Base) PassDownEvent(ctx context.Context, ev Event) (any, error) {
 
 // noteView records the view of a VIEW_CHANGE about to reach p, for View.
 func noteView(p Protocol, ev Event) {
-	if ev.Type == EvViewChange {
-		if v, ok := ev.Arg.(*View); ok {
-			p.base().view.Store(v)
-		}
+	if vc, ok := ev.(EvViewChange); ok && vc.View != nil {
+		p.base().view.Store(vc.View)
 	}
 }
 

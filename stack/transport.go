@@ -80,7 +80,7 @@ func (t *TransportBase) transportBase() *TransportBase { return t }
 // DownEvent answers EvSendToPhysical with ErrNotSupported (a transport
 // with network addresses overrides it) and ends every other event.
 func (t *TransportBase) DownEvent(ctx context.Context, ev Event) (any, error) {
-	if ev.Type == EvSendToPhysical {
+	if _, ok := ev.(EvSendToPhysical); ok {
 		return nil, ErrNotSupported
 	}
 	return t.PassDownEvent(ctx, ev)

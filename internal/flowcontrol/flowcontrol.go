@@ -379,14 +379,14 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 // DownEvent tracks the view: members that left release what they held,
 // joiners get full credits.
 func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
-			f.viewChange(v)
+		if e.View != nil {
+			f.viewChange(e.View)
 		}
 	case stack.EvRecallSenders, stack.EvReleaseSenders:
 		f.mu.Lock()
-		f.recalled = ev.Type == stack.EvRecallSenders
+		_, f.recalled = ev.(stack.EvRecallSenders)
 		close(f.changed) // waiting senders look again
 		f.changed = make(chan struct{})
 		f.mu.Unlock()
@@ -397,8 +397,8 @@ func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error
 // UpEvent tracks the view when this layer sits above the membership
 // layer, which passes views up (DownEvent has it when below).
 func (f *FlowControl) UpEvent(ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
-		f.viewChange(v)
+	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
+		f.viewChange(vc.View)
 	}
 	return f.PassUpEvent(ev)
 }

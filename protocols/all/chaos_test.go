@@ -643,7 +643,7 @@ func (r *chaosRun) reliability(live []int) string {
 	var b strings.Builder
 	for _, i := range live {
 		st := r.chs[i].Stack()
-		d, err := st.DownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+		d, err := st.DownEvent(context.Background(), stack.EvGetDigest{})
 		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
 		for _, ps := range st.Stats() {
 			if ps.Protocol == "NAKACK" || ps.Protocol == "STABLE" {

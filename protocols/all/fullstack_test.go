@@ -67,10 +67,9 @@ frag_size = "8KB"
 	for _, a := range c.Channels {
 		for _, b := range c.Channels {
 			if a != b {
-				pa, err := b.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
+				pa, err := b.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
 				require.NoError(t, err)
-				_, err = a.Stack().DownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress,
-					stack.PhysicalMapping{Logical: b.Address(), Physical: pa.(netip.AddrPort)}))
+				_, err = a.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.Address(), Physical: pa.(netip.AddrPort)})
 				require.NoError(t, err)
 			}
 		}

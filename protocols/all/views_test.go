@@ -37,7 +37,8 @@ func (s *viewSpy) seen() (down, up map[stack.ViewID]int) {
 }
 
 func (s *viewSpy) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
+		v := vc.View
 		s.mu.Lock()
 		s.down[v.ID]++
 		s.mu.Unlock()
@@ -46,7 +47,8 @@ func (s *viewSpy) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 }
 
 func (s *viewSpy) UpEvent(ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
+		v := vc.View
 		s.mu.Lock()
 		s.up[v.ID]++
 		s.mu.Unlock()

@@ -342,7 +342,7 @@ func (a *Auth) weighReject(src stack.Address, done <-chan struct{}) {
 		a.forgedRejects.Add(1)
 		return
 	}
-	_, _ = a.PassUpEvent(stack.Ev(stack.EvJoinRefused, stack.JoinRefused{By: src, Reason: stack.ErrAuthFailed}))
+	_, _ = a.PassUpEvent(stack.EvJoinRefused{By: src, Reason: stack.ErrAuthFailed})
 }
 
 func (a *Auth) joined() bool { return a.View() != nil }

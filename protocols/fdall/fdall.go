@@ -136,7 +136,7 @@ func (f *FDAll) check() {
 	}
 	f.mu.Unlock()
 	if len(suspects) > 0 {
-		_, _ = f.PassUpEvent(stack.Ev(stack.EvSuspect, suspects))
+		_, _ = f.PassUpEvent(stack.EvSuspect{Members: suspects})
 	}
 }
 
@@ -159,7 +159,7 @@ func (f *FDAll) touch(a stack.Address) {
 	f.mu.Unlock()
 	if was {
 		f.unsuspicions.Add(1)
-		_, _ = f.PassUpEvent(stack.Ev(stack.EvUnsuspect, a))
+		_, _ = f.PassUpEvent(stack.EvUnsuspect{Member: a})
 	}
 }
 
@@ -193,8 +193,8 @@ func (f *FDAll) UpBatch(bt *stack.Batch) {
 
 // DownEvent tracks the view: new members start as heard from now.
 func (f *FDAll) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
-		if v, ok := ev.Arg.(*stack.View); ok {
+	if vc, ok := ev.(stack.EvViewChange); ok {
+		if v := vc.View; v != nil {
 			f.setView(v)
 		}
 	}

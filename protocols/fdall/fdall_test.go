@@ -45,8 +45,8 @@ func TestSilentMemberIsSuspectedAfterTimeout(t *testing.T) {
 		require.NotContains(t, recs[0].Suspected(), addrs[1])
 
 		c.Net.Restore(addrs[2])
-		stacktest.WaitFor(t, time.Minute, func() bool { return len(recs[0].Events(stack.EvUnsuspect)) > 0 }, "member 2 unsuspected when heard again")
-		require.Equal(t, addrs[2], recs[0].Events(stack.EvUnsuspect)[0].Arg)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(stacktest.Recorded[stack.EvUnsuspect](recs[0])) > 0 }, "member 2 unsuspected when heard again")
+		require.Equal(t, addrs[2], stacktest.Recorded[stack.EvUnsuspect](recs[0])[0].Member)
 	})
 }
 

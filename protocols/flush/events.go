@@ -11,18 +11,16 @@ import (
 // DownEvent runs flushes for the channel, blocks a joiner from the moment
 // it asks to join, and tracks the view.
 func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvStartFlush:
-		req, _ := ev.Arg.(stack.FlushRequest)
-		return nil, f.StartFlush(ctx, req)
+		return nil, f.StartFlush(ctx, e)
 	case stack.EvStopFlush:
-		req, _ := ev.Arg.(stack.FlushRequest)
-		return nil, f.stopFlush(ctx, req)
+		return nil, f.stopFlush(ctx, e)
 	case stack.EvConnect:
-		return nil, f.connect(ctx, ev)
+		return nil, f.connect(ctx, e)
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
-			f.viewChange(v)
+		if e.View != nil {
+			f.viewChange(e.View)
 		}
 	case stack.EvDisconnect:
 		// Senders blocked at the gate return, but what a view-change round
@@ -37,19 +35,16 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // UpEvent runs GMS's flushes around view changes.
 func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvStartFlush:
-		req, _ := ev.Arg.(stack.FlushRequest)
 		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
 		defer cancel()
-		return f.startFlush(ctx, req)
+		return f.startFlush(ctx, e)
 	case stack.EvStopFlush:
-		req, _ := ev.Arg.(stack.FlushRequest)
-		return nil, f.stopFlush(context.Background(), req)
+		return nil, f.stopFlush(context.Background(), e)
 	case stack.EvSuspect:
-		as, _ := ev.Arg.([]stack.Address)
 		f.mu.Lock()
-		for _, a := range as {
+		for _, a := range e.Members {
 			f.suspects[a] = true
 		}
 		if ir := f.run; ir != nil {
@@ -57,21 +52,19 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 		}
 		f.mu.Unlock()
 	case stack.EvUnsuspect:
-		if a, ok := ev.Arg.(stack.Address); ok {
-			f.mu.Lock()
-			delete(f.suspects, a)
-			f.mu.Unlock()
-		}
+		f.mu.Lock()
+		delete(f.suspects, e.Member)
+		f.mu.Unlock()
 	case stack.EvViewChange:
 		// Above the membership layer, which passes views up. After the
 		// application has the view: a STOP_FLUSH that waited for it takes
 		// effect.
-		v, ok := ev.Arg.(*stack.View)
-		if ok {
+		v := e.View
+		if v != nil {
 			f.viewChange(v)
 		}
 		res, err := f.PassUpEvent(ev)
-		if ok {
+		if v != nil {
 			f.viewDelivered(v)
 		}
 		return res, err
@@ -79,7 +72,7 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 	return f.PassUpEvent(ev)
 }
 
-func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
+func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
 	f.pmu.Lock()
 	f.mu.Lock()
 	f.joining, f.joinDone = true, make(chan struct{})
@@ -103,10 +96,10 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.Event) error {
 		return nil
 	}
 	var stateErr error
-	if cr, ok := ev.Arg.(stack.ConnectRequest); ok && cr.State {
+	if ev.State {
 		// Still blocked, as is the group: fetch the state, then let the
 		// round's initiator (the view's creator) stop the flush.
-		_, stateErr = f.PassDownEvent(ctx, stack.Ev(stack.EvGetState, cr.StateFrom))
+		_, stateErr = f.PassDownEvent(ctx, stack.EvGetState{From: ev.StateFrom})
 		f.mu.Lock()
 		coord := f.view.ID.Creator
 		f.mu.Unlock()

@@ -223,14 +223,14 @@ func (f *FLUSH) block() {
 	}
 	f.mu.Unlock()
 	if call {
-		f.notify(stack.EvBlock)
+		f.notify(stack.EvBlock{})
 	}
 	f.gate.Close()
 	// A sender past the gate that waits below for flow-control credits
 	// would make the drain wait for credits (which a member blocked the
 	// same way may never return): it gives its message back and waits at
 	// the gate.
-	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvRecallSenders, nil))
+	_, _ = f.PassDownEvent(context.Background(), stack.EvRecallSenders{})
 	// Taking the write lock waits for every sender already past the gate.
 	f.inflight.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
@@ -242,8 +242,8 @@ func (f *FLUSH) block() {
 // none of its locks, and a Block that waits (or starts a flush of its own)
 // holds up neither this round nor the safety valve. The gate, not the
 // callback, stops the member's multicasts.
-func (f *FLUSH) notify(t stack.EventType) {
-	f.callbacks.Do(&f.Base, func() { _, _ = f.PassUpEvent(stack.Ev(t, nil)) })
+func (f *FLUSH) notify(ev stack.Event) {
+	f.callbacks.Do(&f.Base, func() { _, _ = f.PassUpEvent(ev) })
 }
 
 // unblock ends this member's part in a round: it lets the senders a
@@ -274,12 +274,12 @@ func (f *FLUSH) open(release bool) {
 	f.mu.Unlock()
 	if release {
 		// A view-change round's hold on every sender ends here.
-		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseHold, nil))
+		_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseHold{})
 	}
-	_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseSenders, nil))
+	_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseSenders{})
 	f.gate.Open()
 	if call {
-		f.notify(stack.EvUnblock)
+		f.notify(stack.EvUnblock{})
 	}
 	if joined != nil {
 		close(joined) // the joiner's Connect returns into an open gate
@@ -296,7 +296,7 @@ func (f *FLUSH) releaseHeld() {
 	f.heldSince = time.Time{}
 	f.mu.Unlock()
 	if held {
-		_, _ = f.PassDownEvent(context.Background(), stack.Ev(stack.EvReleaseHold, nil))
+		_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseHold{})
 	}
 }
 

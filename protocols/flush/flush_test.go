@@ -770,7 +770,7 @@ func TestStartFlushGoesOnWithoutASuspectedParticipant(t *testing.T) {
 			t.Fatalf("StartFlush returned before C was suspected: %v", err)
 		default:
 		}
-		_, err := b.f.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{c.Addr()}))
+		_, err := b.f.UpEvent(stack.EvSuspect{Members: []stack.Address{c.Addr()}})
 		require.NoError(t, err)
 		start := time.Now()
 		require.NoError(t, <-done, "the flush went on without the suspected C")
@@ -790,7 +790,7 @@ func TestOnlyTheOwnerEndsItsRound(t *testing.T) {
 		b := ms[1]
 		ctx := t.Context()
 		require.NoError(t, b.Ch.StartFlush(ctx))
-		_, err := b.f.UpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{ViewChange: true}))
+		_, err := b.f.UpEvent(stack.EvStopFlush{ViewChange: true})
 		require.NoError(t, err)
 		synctest.Wait()
 		for _, m := range ms {

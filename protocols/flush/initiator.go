@@ -16,14 +16,14 @@ import (
 // StartFlush runs a round over the participants (nil: the view) and
 // returns when they are all blocked and have delivered the same messages.
 // It retries a refused or timed-out round up to max_attempts times.
-func (f *FLUSH) StartFlush(ctx context.Context, req stack.FlushRequest) error {
+func (f *FLUSH) StartFlush(ctx context.Context, req stack.EvStartFlush) error {
 	_, err := f.startFlush(ctx, req)
 	return err
 }
 
 // startFlush is StartFlush that also says which participants a view-change
 // round went on without.
-func (f *FLUSH) startFlush(ctx context.Context, req stack.FlushRequest) (stack.FlushResult, error) {
+func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.FlushResult, error) {
 	var res stack.FlushResult
 	select {
 	case f.owner <- struct{}{}:
@@ -91,7 +91,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.FlushRequest) (stack.F
 	return res, fmt.Errorf("%w: %w", ErrFlushFailed, err)
 }
 
-func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Address, error) {
+func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Address, error) {
 	self := f.LocalAddress()
 	parts := req.Participants
 	f.mu.Lock()
@@ -145,7 +145,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.FlushRequest) ([]stack.Ad
 // For a sender that does not (it crashed or was excluded), the highest seqno
 // any participant delivered, held by that participant; a message received
 // beyond a gap nobody can fill is delivered by no one in the view.
-func maxDigest(ds map[stack.Address]stack.Digest) stack.Reconcile {
+func maxDigest(ds map[stack.Address]stack.Digest) stack.EvReconcile {
 	type best struct {
 		hi   uint64
 		from stack.Address
@@ -169,7 +169,7 @@ func maxDigest(ds map[stack.Address]stack.Digest) stack.Reconcile {
 		}
 	}
 	members := slices.SortedFunc(maps.Keys(bs), stack.Address.Compare)
-	rc := stack.Reconcile{Target: make(stack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
+	rc := stack.EvReconcile{Target: make(stack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
 	for _, a := range members {
 		b := bs[a]
 		rc.Target = append(rc.Target, stack.DigestEntry{Member: a, HighestDelivered: b.hi, HighestReceived: b.hi})
@@ -247,10 +247,10 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 // their STOP_FLUSH only after that, so a joiner's Connect returns into a
 // group where everyone can send.
 func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
-	return f.stopFlush(ctx, stack.FlushRequest{Participants: extra})
+	return f.stopFlush(ctx, stack.EvStopFlush{Participants: extra})
 }
 
-func (f *FLUSH) stopFlush(ctx context.Context, req stack.FlushRequest) error {
+func (f *FLUSH) stopFlush(ctx context.Context, req stack.EvStopFlush) error {
 	extra := req.Participants
 	f.mu.Lock()
 	ir := f.run

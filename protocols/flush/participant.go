@@ -141,7 +141,7 @@ func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
 	f.Go(func(<-chan struct{}) {
 		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.StartTimeout) // ends at Stop too
 		defer cancel()
-		if _, err := f.PassDownEvent(ctx, stack.Ev(stack.EvReconcile, stack.Reconcile{Target: h.Digest, From: h.From})); err != nil {
+		if _, err := f.PassDownEvent(ctx, stack.EvReconcile{Target: h.Digest, From: h.From}); err != nil {
 			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
 			return
 		}
@@ -212,11 +212,11 @@ func (f *FLUSH) answer(src stack.Address, h *Header) {
 // it also holds every sender at what this member delivered until the round
 // ends (see stack.EvHold).
 func (f *FLUSH) digest(r *partRound) stack.Digest {
-	ev := stack.EvGetDigest
+	var ev stack.Event = stack.EvGetDigest{}
 	if r != nil && r.vc {
-		ev = stack.EvHold
+		ev = stack.EvHold{}
 	}
-	v, err := f.PassDownEvent(context.Background(), stack.Ev(ev, nil))
+	v, err := f.PassDownEvent(context.Background(), ev)
 	if err != nil {
 		return nil
 	}

@@ -231,7 +231,8 @@ func (f *FRAG) Up(m *stack.Message) {
 // DownEvent discards partial messages of members who left the view (when
 // this layer is below the membership layer; UpEvent when above).
 func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
+		v := vc.View
 		f.viewChange(v)
 	}
 	return f.PassDownEvent(ctx, ev)
@@ -239,7 +240,8 @@ func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // UpEvent is DownEvent for a view passed up.
 func (f *FRAG) UpEvent(ev stack.Event) (any, error) {
-	if v, ok := ev.Arg.(*stack.View); ok && ev.Type == stack.EvViewChange {
+	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
+		v := vc.View
 		f.viewChange(v)
 	}
 	return f.PassUpEvent(ev)

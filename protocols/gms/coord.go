@@ -185,7 +185,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 			parts = append(parts, m)
 		}
 	}
-	res, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true}))
+	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true})
 	if err != nil {
 		g.flushFailures.Add(1)
 		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
@@ -211,7 +211,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 	}
 	defer func() {
 		if err == nil { // a failed start left no round of GMS's to stop
-			_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{Participants: joiners, AwaitState: stateJoiners, View: nv, ViewChange: true}))
+			_, _ = g.PassUpEvent(stack.EvStopFlush{Participants: joiners, AwaitState: stateJoiners, View: nv, ViewChange: true})
 		}
 	}()
 	expect := map[stack.Address]bool{}

@@ -226,7 +226,7 @@ func (g *GMS) send(dest stack.Address, h *Header) {
 }
 
 func (g *GMS) digest() stack.Digest {
-	v, err := g.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+	v, err := g.PassDownEvent(context.Background(), stack.EvGetDigest{})
 	if err != nil {
 		return nil
 	}
@@ -269,7 +269,7 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 			}
 		}
 		if len(fresh) > 0 {
-			_, _ = g.PassDownEvent(context.Background(), stack.Ev(stack.EvSetDigest, fresh))
+			_, _ = g.PassDownEvent(context.Background(), stack.EvSetDigest{Digest: fresh})
 		}
 	}
 	g.mu.Lock()
@@ -285,8 +285,8 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 	g.viewsInstalled.Add(1)
 	// Down to the layers below, then up through the layers above to the
 	// channel: each layer sees the view once.
-	_, _ = g.PassDownEvent(context.Background(), stack.Ev(stack.EvViewChange, v))
-	_, _ = g.PassUpEvent(stack.Ev(stack.EvViewChange, v))
+	_, _ = g.PassDownEvent(context.Background(), stack.EvViewChange{View: v})
+	_, _ = g.PassUpEvent(stack.EvViewChange{View: v})
 	if pending && coord {
 		g.kick()
 	}

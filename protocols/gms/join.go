@@ -14,13 +14,12 @@ import (
 
 // DownEvent joins on CONNECT and leaves on DISCONNECT.
 func (g *GMS) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvConnect:
 		if _, err := g.PassDownEvent(ctx, ev); err != nil {
 			return nil, err
 		}
-		cr, _ := ev.Arg.(stack.ConnectRequest)
-		g.joinWithState.Store(cr.State)
+		g.joinWithState.Store(e.State)
 		return nil, g.join(ctx)
 	case stack.EvDisconnect:
 		g.leave(ctx)
@@ -116,7 +115,7 @@ func (g *GMS) backoff() time.Duration {
 }
 
 func (g *GMS) discover(ctx context.Context) ([]stack.MemberInfo, error) {
-	v, err := g.PassDownEvent(ctx, stack.Ev(stack.EvFindMembers, stack.FindMembers{Timeout: g.cfg.DiscoveryTimeout, BreakOnCoord: true}))
+	v, err := g.PassDownEvent(ctx, stack.EvFindMembers{Timeout: g.cfg.DiscoveryTimeout, BreakOnCoord: true})
 	if err != nil {
 		return nil, err
 	}

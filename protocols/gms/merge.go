@@ -68,7 +68,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 			}
 		}
 	}
-	res, err := g.PassUpEvent(stack.Ev(stack.EvStartFlush, stack.FlushRequest{Participants: parts, ViewChange: true, Merge: true}))
+	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
 	if err != nil {
 		g.flushFailures.Add(1)
 		g.mergesFailed.Add(1)
@@ -82,7 +82,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	defer func() {
 		// After every member acknowledged the merge view (or the merge
 		// gave up): the group may send again.
-		_, _ = g.PassUpEvent(stack.Ev(stack.EvStopFlush, stack.FlushRequest{View: mv, ViewChange: true}))
+		_, _ = g.PassUpEvent(stack.EvStopFlush{View: mv, ViewChange: true})
 	}()
 	var without []stack.Address
 	if fr, ok := res.(stack.FlushResult); ok {

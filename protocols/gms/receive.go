@@ -169,42 +169,37 @@ func (g *GMS) leftGroup() {
 
 // UpEvent takes suspicions and merge requests.
 func (g *GMS) UpEvent(ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvSuspect:
-		as, _ := ev.Arg.([]stack.Address)
-		g.suspect(as)
+		g.suspect(e.Members)
 		// Layers above (GROUPFC) learn that these members' nodes are down.
 		return g.PassUpEvent(ev)
 	case stack.EvUnsuspect:
-		if a, ok := ev.Arg.(stack.Address); ok {
-			g.mu.Lock()
-			delete(g.suspects, a)
-			g.mu.Unlock()
-		}
+		g.mu.Lock()
+		delete(g.suspects, e.Member)
+		g.mu.Unlock()
 		return g.PassUpEvent(ev)
 	case stack.EvJoinRefused:
 		// A layer below (AUTH) says the coordinator refused this member
 		// for good: the join ends with its reason.
-		if r, ok := ev.Arg.(stack.JoinRefused); ok && r.Reason != nil {
+		if e.Reason != nil {
 			g.mu.Lock()
 			asked := g.askedCoord
 			g.mu.Unlock()
-			if r.By == asked {
+			if e.By == asked {
 				select {
-				case g.joinRsp <- &Header{Type: typeJoinRsp, Fail: r.Reason.Error(), refused: r.Reason}:
+				case g.joinRsp <- &Header{Type: typeJoinRsp, Fail: e.Reason.Error(), refused: e.Reason}:
 				default:
 				}
 			}
 		}
 		return nil, nil
 	case stack.EvMerge:
-		coords, _ := ev.Arg.([]stack.Address)
-		if len(coords) > 1 {
-			g.enqueue(request{kind: reqMerge, coords: coords})
+		if len(e.Coords) > 1 {
+			g.enqueue(request{kind: reqMerge, coords: e.Coords})
 		}
 		return nil, nil
 	case stack.EvViewInconsistent:
-		inc, _ := ev.Arg.(stack.ViewInconsistency)
 		g.mu.Lock()
 		v := g.view
 		g.mu.Unlock()
@@ -225,14 +220,14 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 			h = &Header{Type: typeInstallView, View: v, Digest: g.viewDigest}
 		}
 		g.mu.Unlock()
-		for _, a := range inc.Behind {
+		for _, a := range e.Behind {
 			if v.Contains(a) && a != g.LocalAddress() {
 				g.viewsResent.Add(1)
 				g.send(a, h)
 			}
 		}
-		if inc.Above >= v.ID.Seq {
-			g.enqueue(request{kind: reqRefresh, above: inc.Above})
+		if e.Above >= v.ID.Seq {
+			g.enqueue(request{kind: reqRefresh, above: e.Above})
 		}
 		return nil, nil
 	}

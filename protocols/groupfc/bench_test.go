@@ -119,9 +119,8 @@ func BenchmarkBroadcastUDP4(b *testing.B) {
 			for _, x := range chs {
 				for _, y := range chs {
 					if x != y {
-						pa, _ := y.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
-						_, _ = x.Stack().DownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress,
-							stack.PhysicalMapping{Logical: y.Address(), Physical: pa.(netip.AddrPort)}))
+						pa, _ := y.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
+						_, _ = x.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: y.Address(), Physical: pa.(netip.AddrPort)})
 					}
 				}
 			}

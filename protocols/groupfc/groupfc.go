@@ -627,9 +627,9 @@ func (p *GroupFC) awaited() []stack.Address {
 // DownEvent follows the view (members appear and disappear) and sends
 // LEAVE to every member on disconnect.
 func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if v := e.View; v != nil {
 			p.viewChange(v)
 		}
 	case stack.EvDisconnect:
@@ -786,21 +786,21 @@ func (p *GroupFC) viewChange(v *stack.View) {
 // UpEvent notes suspected members: when the view drops them, their node is
 // down and no LEAVE is awaited.
 func (p *GroupFC) UpEvent(ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
 		// Above the membership layer, which passes views up.
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if v := e.View; v != nil {
 			p.viewChange(v)
 		}
 	case stack.EvSuspect:
-		as, _ := ev.Arg.([]stack.Address)
+		as := e.Members
 		p.mu.Lock()
 		for _, a := range as {
 			p.downs[a] = true
 		}
 		p.mu.Unlock()
 	case stack.EvUnsuspect:
-		if a, ok := ev.Arg.(stack.Address); ok {
+		if a := e.Member; !a.IsZero() {
 			p.mu.Lock()
 			delete(p.downs, a)
 			p.mu.Unlock()

@@ -286,7 +286,7 @@ func TestBlockedSendToADepartedMember(t *testing.T) {
 		default:
 		}
 		// B's node goes down: suspected, then a view without it.
-		_, _ = gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{b}))
+		_, _ = gs[0].UpEvent(stack.EvSuspect{Members: []stack.Address{b}})
 		addrs := c.Addresses()
 		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[2]), c.Channels[0], c.Channels[2])
 		require.ErrorIs(t, <-done, groupfc.ErrHostUnreachable)
@@ -457,7 +457,7 @@ func TestBlockedAnycastFindsAnotherMember(t *testing.T) {
 		synctest.Wait()
 		require.Empty(t, done, "the anycast waits")
 		addrs := c.Addresses()
-		_, _ = gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{addrs[1]}))
+		_, _ = gs[0].UpEvent(stack.EvSuspect{Members: []stack.Address{addrs[1]}})
 		stacktest.InjectView(t, stack.NewView(addrs[0], 10, addrs[0], addrs[2]), c.Channels[0], c.Channels[2])
 		close(stuck[1])
 		close(stuck[2])
@@ -518,7 +518,7 @@ func TestViewChangeDoesNotWaitForTheApplication(t *testing.T) {
 		addrs := c.Addresses()
 		release := make(chan struct{})
 		c.Channels[0].SetReceiver(downBlocker{Collector: c.Recv[0], release: release})
-		_, err := gs[0].UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{addrs[2]}))
+		_, err := gs[0].UpEvent(stack.EvSuspect{Members: []stack.Address{addrs[2]}})
 		require.NoError(t, err)
 		installed := make(chan struct{})
 		go func() {

@@ -158,7 +158,7 @@ func (m *Merge3) self() *Header {
 	local := m.LocalAddress()
 	h := &Header{ViewID: v.ID, Info: stack.MemberInfo{Addr: local, IsServer: true, Coord: v.Coordinator()}}
 	h.Info.Name, _ = stack.LogicalName(local)
-	if p, _ := m.PassDownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{})); p != nil {
+	if p, _ := m.PassDownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); p != nil {
 		h.Info.Physical, _ = p.(netip.AddrPort)
 	}
 	return h
@@ -173,7 +173,7 @@ func (m *Merge3) Announce() {
 		return
 	}
 	m.sendInfo(stack.Address{}, h)
-	known, _ := m.PassDownEvent(context.Background(), stack.Ev(stack.EvKnownMembers, nil))
+	known, _ := m.PassDownEvent(context.Background(), stack.EvKnownMembers{})
 	as, _ := known.([]stack.Address)
 	m.mu.Lock()
 	v := m.view
@@ -206,7 +206,7 @@ func (m *Merge3) Check() {
 		return
 	}
 	coords := []stack.Address{self}
-	var inc stack.ViewInconsistency
+	var inc stack.EvViewInconsistent
 	for src, h := range heard {
 		if v.Contains(src) && h.ViewID != v.ID {
 			// A member of this view with another view id: not another
@@ -232,7 +232,7 @@ func (m *Merge3) Check() {
 	if len(inc.Behind) > 0 || inc.Above > 0 {
 		m.inconsistent.Add(1)
 		m.Log().Info("members of the view announce another view id", "behind", inc.Behind, "above", inc.Above, "view", v.ID)
-		_, _ = m.PassUpEvent(stack.Ev(stack.EvViewInconsistent, inc))
+		_, _ = m.PassUpEvent(inc)
 	}
 	if len(coords) < 2 {
 		return
@@ -244,7 +244,7 @@ func (m *Merge3) Check() {
 	}
 	m.merges.Add(1)
 	m.Log().Info("other subgroups found; merging", "coordinators", coords)
-	_, _ = m.PassUpEvent(stack.Ev(stack.EvMerge, coords))
+	_, _ = m.PassUpEvent(stack.EvMerge{Coords: coords})
 }
 
 // handle takes an announcement. Where the transport knows where the
@@ -265,7 +265,7 @@ func (m *Merge3) handle(src stack.Address, from netip.AddrPort, h *Header) {
 		}
 	}
 	if phys.IsValid() {
-		_, _ = m.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: src, Physical: phys}))
+		_, _ = m.PassDownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: src, Physical: phys})
 	}
 	m.mu.Lock()
 	m.heard[src] = h
@@ -283,9 +283,9 @@ func (m *Merge3) Up(msg *stack.Message) {
 
 // DownEvent tracks the view.
 func (m *Merge3) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if v := e.View; v != nil {
 			m.mu.Lock()
 			m.view = v
 			m.mu.Unlock()

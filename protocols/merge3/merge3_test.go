@@ -31,23 +31,23 @@ func TestLowestCoordinatorLeadsTheMerge(t *testing.T) {
 		if a[2].Compare(a[0]) < 0 {
 			leader, other = 2, 0
 		}
-		stacktest.WaitFor(t, time.Minute, func() bool { return len(recs[leader].Events(stack.EvMerge)) > 0 }, "the leader asks for a merge")
-		coords := recs[leader].Events(stack.EvMerge)[0].Arg.([]stack.Address)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(stacktest.Recorded[stack.EvMerge](recs[leader])) > 0 }, "the leader asks for a merge")
+		coords := stacktest.Recorded[stack.EvMerge](recs[leader])[0].Coords
 		require.Equal(t, a[leader], coords[0], "the leader first")
 		require.ElementsMatch(t, []stack.Address{a[0], a[2]}, coords)
 		time.Sleep(3 * cfg.CheckInterval)
 		for i, r := range recs {
 			if i != leader {
-				require.Empty(t, r.Events(stack.EvMerge), "member %d (the other coordinator is %d) leaves the merge to the leader", i, other)
+				require.Empty(t, stacktest.Recorded[stack.EvMerge](r), "member %d (the other coordinator is %d) leaves the merge to the leader", i, other)
 			}
 		}
 
 		// One view again: no more merges.
 		stacktest.InjectView(t, stack.NewView(a[leader], 8, a...), c.Channels...)
 		time.Sleep(cfg.CheckInterval) // the check that may still see old announcements
-		n := len(recs[leader].Events(stack.EvMerge))
+		n := len(stacktest.Recorded[stack.EvMerge](recs[leader]))
 		time.Sleep(3 * cfg.CheckInterval)
-		require.Equal(t, n, len(recs[leader].Events(stack.EvMerge)), "no merge within one view")
+		require.Equal(t, n, len(stacktest.Recorded[stack.EvMerge](recs[leader])), "no merge within one view")
 	})
 }
 

@@ -6,7 +6,6 @@ package nakack
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -556,9 +555,9 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 
 // DownEvent handles views, digests and stability.
 func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if v := e.View; v != nil {
 			n.viewChange(v)
 		}
 	case stack.EvGetDigest:
@@ -569,25 +568,13 @@ func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		n.release()
 		return nil, nil
 	case stack.EvSetDigest:
-		d, ok := ev.Arg.(stack.Digest)
-		if !ok {
-			return nil, fmt.Errorf("nakack: SET_DIGEST with %T", ev.Arg)
-		}
-		n.SetDigest(d)
+		n.SetDigest(e.Digest)
 		return nil, nil
 	case stack.EvStable:
-		d, ok := ev.Arg.(stack.Digest)
-		if !ok {
-			return nil, fmt.Errorf("nakack: STABLE with %T", ev.Arg)
-		}
-		n.stable(d)
+		n.stable(e.Digest)
 		return nil, nil
 	case stack.EvReconcile:
-		rc, ok := ev.Arg.(stack.Reconcile)
-		if !ok {
-			return nil, fmt.Errorf("nakack: RECONCILE with %T", ev.Arg)
-		}
-		return nil, n.reconcile(ctx, rc)
+		return nil, n.reconcile(ctx, e)
 	}
 	return n.PassDownEvent(ctx, ev)
 }

@@ -57,10 +57,10 @@ func (n *NAKACK) release() {
 // Senders it has no table for are skipped. FLUSH uses it to make every
 // member deliver the same messages before a view change.
 func (n *NAKACK) WaitDelivered(ctx context.Context, target stack.Digest) error {
-	return n.reconcile(ctx, stack.Reconcile{Target: target})
+	return n.reconcile(ctx, stack.EvReconcile{Target: target})
 }
 
-func (n *NAKACK) reconcile(ctx context.Context, rc stack.Reconcile) error {
+func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 	self := n.LocalAddress()
 	var lifted []stack.Address
 	n.mu.Lock()

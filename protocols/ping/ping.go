@@ -193,7 +193,7 @@ func (d *Discovery) self() stack.MemberInfo {
 	local := d.LocalAddress()
 	mi := stack.MemberInfo{Addr: local}
 	mi.Name, _ = stack.LogicalName(local)
-	if v, _ := d.PassDownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{})); v != nil {
+	if v, _ := d.PassDownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
 		mi.Physical, _ = v.(netip.AddrPort)
 	}
 	d.mu.Lock()
@@ -273,7 +273,7 @@ func (d *Discovery) sendRequest(target stack.Address) {
 			continue
 		}
 		d.reqSent.Add(1)
-		_, err := d.PassDownEvent(context.Background(), stack.Ev(stack.EvSendToPhysical, stack.PhysicalSend{To: ap, Msg: d.message(stack.Address{}, h)}))
+		_, err := d.PassDownEvent(context.Background(), stack.EvSendToPhysical{To: ap, Msg: d.message(stack.Address{}, h)})
 		if err != nil {
 			d.sendErrors.Add(1)
 			if errors.Is(err, stack.ErrNotSupported) {
@@ -361,7 +361,7 @@ func (d *Discovery) learn(mi stack.MemberInfo) {
 	if !mi.Physical.IsValid() {
 		return
 	}
-	_, _ = d.PassDownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress, stack.PhysicalMapping{Logical: mi.Addr, Physical: mi.Physical}))
+	_, _ = d.PassDownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: mi.Addr, Physical: mi.Physical})
 	if d.static == nil {
 		return
 	}
@@ -383,10 +383,10 @@ func containsAddrPort(s []netip.AddrPort, a netip.AddrPort) bool {
 
 // UpEvent answers the transport's WHO_HAS with a targeted request.
 func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
-	if ev.Type == stack.EvWhoHas {
-		if a, ok := ev.Arg.(stack.Address); ok && !a.IsZero() {
+	if e, ok := ev.(stack.EvWhoHas); ok {
+		if !e.Member.IsZero() {
 			d.whoHas.Add(1)
-			d.sendRequest(a)
+			d.sendRequest(e.Member)
 		}
 		return nil, nil
 	}
@@ -395,12 +395,11 @@ func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
 
 // DownEvent runs discovery rounds and tracks the view.
 func (d *Discovery) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvFindMembers:
-		fm, _ := ev.Arg.(stack.FindMembers)
-		return d.FindMembers(ctx, fm.Timeout, fm.BreakOnCoord && d.cfg.BreakOnCoord), nil
+		return d.FindMembers(ctx, e.Timeout, e.BreakOnCoord && d.cfg.BreakOnCoord), nil
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok {
+		if v := e.View; v != nil {
 			d.mu.Lock()
 			d.view = v
 			d.mu.Unlock()

@@ -130,7 +130,7 @@ func (s *STABLE) Gossip() {
 	if v == nil || v.Size() < 1 {
 		return
 	}
-	dv, err := s.PassDownEvent(context.Background(), stack.Ev(stack.EvGetDigest, nil))
+	dv, err := s.PassDownEvent(context.Background(), stack.EvGetDigest{})
 	d, ok := dv.(stack.Digest)
 	if err != nil || !ok {
 		return
@@ -211,13 +211,13 @@ func (s *STABLE) handleGossip(src stack.Address, h *Header) {
 	clear(s.gossips)
 	s.mu.Unlock()
 	s.rounds.Add(1)
-	_, _ = s.PassDownEvent(context.Background(), stack.Ev(stack.EvStable, minD))
+	_, _ = s.PassDownEvent(context.Background(), stack.EvStable{Digest: minD})
 }
 
 // DownEvent tracks the view.
 func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
-		if v, ok := ev.Arg.(*stack.View); ok {
+	if vc, ok := ev.(stack.EvViewChange); ok {
+		if v := vc.View; v != nil {
 			s.mu.Lock()
 			s.view = v
 			clear(s.gossips)

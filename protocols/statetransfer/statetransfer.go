@@ -220,7 +220,7 @@ func (s *StateTransfer) GetState(ctx context.Context, from stack.Address) error 
 	// The provider starts with a window of credit; more comes as we read.
 	s.send(from, &Header{Type: typeReq, ID: id}, nil)
 	r := &chunkReader{s: s, id: id, in: in, ctx: ctx, credit: s.cfg.Window / 2}
-	_, err := s.PassUpEvent(stack.Ev(stack.EvApplyState, io.Reader(r)))
+	_, err := s.PassUpEvent(stack.EvApplyState{R: io.Reader(r)})
 	if err == nil && !r.eof {
 		// SetState returned early: drain the rest so the provider ends.
 		_, err = io.Copy(io.Discard, r)
@@ -330,7 +330,7 @@ func (s *StateTransfer) provide(to stack.Address, id uint64) {
 			s.mu.Unlock()
 		}()
 		w := &chunkWriter{s: s, to: to, id: id, o: o, done: done, buf: make([]byte, 0, int(s.cfg.ChunkSize))}
-		_, err := s.PassUpEvent(stack.Ev(stack.EvProvideState, io.Writer(w)))
+		_, err := s.PassUpEvent(stack.EvProvideState{W: io.Writer(w)})
 		if err == nil {
 			err = w.flush()
 		}
@@ -481,10 +481,8 @@ func (s *StateTransfer) handle(m *stack.Message, h *Header) {
 
 // DownEvent serves Channel.GetState.
 func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
-	case stack.EvGetState:
-		from, _ := ev.Arg.(stack.Address)
-		return nil, s.GetState(ctx, from)
+	if e, ok := ev.(stack.EvGetState); ok {
+		return nil, s.GetState(ctx, e.From)
 	}
 	return s.PassDownEvent(ctx, ev)
 }

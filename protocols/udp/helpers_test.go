@@ -78,10 +78,9 @@ func introduce(t testing.TB, ms []*member) {
 			if a == b {
 				continue
 			}
-			pa, err := b.ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
+			pa, err := b.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
 			require.NoError(t, err)
-			_, err = a.ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress,
-				stack.PhysicalMapping{Logical: b.ch.Address(), Physical: pa.(netip.AddrPort)}))
+			_, err = a.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.ch.Address(), Physical: pa.(netip.AddrPort)})
 			require.NoError(t, err)
 		}
 	}

@@ -52,7 +52,7 @@ func poison(t *testing.T, cluster string, victim stack.Address, target netip.Add
 
 func physicalOf(t *testing.T, at *member, of stack.Address) netip.AddrPort {
 	t.Helper()
-	v, err := at.ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, of))
+	v, err := at.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: of})
 	require.NoError(t, err)
 	pa, _ := v.(netip.AddrPort)
 	return pa

@@ -346,18 +346,14 @@ func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
 
 // DownEvent handles the physical-address events and views.
 func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvViewChange:
-		if v, ok := ev.Arg.(*stack.View); ok && u.cache != nil {
+		if v := e.View; v != nil && u.cache != nil {
 			u.cache.setView(v)
 		}
 	case stack.EvAddPhysicalAddress:
-		pm, ok := ev.Arg.(stack.PhysicalMapping)
-		if !ok {
-			return nil, fmt.Errorf("udp: ADD_PHYSICAL_ADDRESS with %T", ev.Arg)
-		}
-		if u.cache != nil && pm.Physical.IsValid() && pm.Logical != u.LocalAddress() {
-			u.cache.learn(pm.Logical, pm.Physical)
+		if u.cache != nil && e.Physical.IsValid() && e.Logical != u.LocalAddress() {
+			u.cache.learn(e.Logical, e.Physical)
 		}
 		return nil, nil
 	case stack.EvKnownMembers:
@@ -366,19 +362,18 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 		}
 		return u.cache.members(u.LocalAddress()), nil
 	case stack.EvSendToPhysical:
-		ps, ok := ev.Arg.(stack.PhysicalSend)
-		if !ok || ps.Msg == nil || !ps.To.IsValid() {
-			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL with %v", ev.Arg)
+		if e.Msg == nil || !e.To.IsValid() {
+			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
-		return nil, u.sendToPhysical(ps)
+		return nil, u.sendToPhysical(e)
 	case stack.EvGetPhysicalAddress:
-		a, _ := ev.Arg.(stack.Address)
+		a := e.Member
 		if a.IsZero() || a == u.LocalAddress() {
 			return u.local, nil
 		}
 		if u.cache != nil {
-			if e := u.cache.get(a); e != nil {
-				return e.ap, nil
+			if ce := u.cache.get(a); ce != nil {
+				return ce.ap, nil
 			}
 		}
 		return nil, nil
@@ -388,7 +383,7 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // sendToPhysical sends one message, unbundled, to a network address (static
 // discovery probing hosts whose members it does not know yet).
-func (u *UDP) sendToPhysical(ps stack.PhysicalSend) error {
+func (u *UDP) sendToPhysical(ps stack.EvSendToPhysical) error {
 	if u.queue == nil {
 		return stack.ErrNotConnected
 	}
@@ -424,7 +419,7 @@ func (u *UDP) askWhoHas(a stack.Address) {
 	u.whoHasSent.Add(1)
 	// On its own goroutine: discovery will send, and the caller may be the
 	// bundler that has to take that message.
-	u.Go(func(<-chan struct{}) { _, _ = u.PassUpEvent(stack.Ev(stack.EvWhoHas, a)) })
+	u.Go(func(<-chan struct{}) { _, _ = u.PassUpEvent(stack.EvWhoHas{Member: a}) })
 }
 
 func (u *UDP) getBuf() *[]byte {

@@ -196,8 +196,8 @@ type whoHasProbe struct {
 
 func (w *whoHasProbe) Name() string { return "WHOHAS_PROBE" }
 func (w *whoHasProbe) UpEvent(ev stack.Event) (any, error) {
-	if ev.Type == stack.EvWhoHas {
-		w.got <- ev.Arg.(stack.Address)
+	if e, ok := ev.(stack.EvWhoHas); ok {
+		w.got <- e.Member
 		return nil, nil
 	}
 	return w.PassUpEvent(ev)

@@ -93,9 +93,8 @@ func BenchmarkUDPLoopback1KB(b *testing.B) {
 		chs = append(chs, ch)
 	}
 	for i, ch := range chs {
-		pa, _ := chs[1-i].Stack().DownEvent(context.Background(), stack.Ev(stack.EvGetPhysicalAddress, stack.Address{}))
-		_, _ = ch.Stack().DownEvent(context.Background(), stack.Ev(stack.EvAddPhysicalAddress,
-			stack.PhysicalMapping{Logical: chs[1-i].Address(), Physical: pa.(netip.AddrPort)}))
+		pa, _ := chs[1-i].Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
+		_, _ = ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: chs[1-i].Address(), Physical: pa.(netip.AddrPort)})
 	}
 	dest := chs[1].Address()
 	ctx := context.Background()

@@ -768,8 +768,8 @@ func (u *Unicast2) CloseSendConnection(dest stack.Address) {
 
 // DownEvent closes the connections of members that left the view.
 func (u *Unicast2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
-		if v, ok := ev.Arg.(*stack.View); ok {
+	if vc, ok := ev.(stack.EvViewChange); ok {
+		if v := vc.View; v != nil {
 			u.viewChange(v)
 		}
 	}

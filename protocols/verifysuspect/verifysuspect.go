@@ -170,7 +170,7 @@ func (v *VerifySuspect) step(now time.Time) (time.Time, bool) {
 	if len(dead) > 0 {
 		v.confirmed.Add(int64(len(dead)))
 		v.Log().Info("suspicion confirmed: no sign of life", "members", dead, "timeout", v.cfg.Timeout)
-		_, _ = v.PassUpEvent(stack.Ev(stack.EvSuspect, dead))
+		_, _ = v.PassUpEvent(stack.EvSuspect{Members: dead})
 	}
 	return next, !next.IsZero()
 }
@@ -198,7 +198,7 @@ func (v *VerifySuspect) alive(a stack.Address) {
 	v.mu.Unlock()
 	if ok {
 		v.cleared.Add(1)
-		_, _ = v.PassUpEvent(stack.Ev(stack.EvUnsuspect, a))
+		_, _ = v.PassUpEvent(stack.EvUnsuspect{Member: a})
 	}
 }
 
@@ -231,13 +231,13 @@ func (v *VerifySuspect) UpBatch(bt *stack.Batch) {
 
 // UpEvent starts verifying suspects; an unsuspect from below clears them.
 func (v *VerifySuspect) UpEvent(ev stack.Event) (any, error) {
-	switch ev.Type {
+	switch e := ev.(type) {
 	case stack.EvSuspect:
-		as, _ := ev.Arg.([]stack.Address)
+		as := e.Members
 		v.suspect(as)
 		return nil, nil
 	case stack.EvUnsuspect:
-		if a, ok := ev.Arg.(stack.Address); ok {
+		if a := e.Member; !a.IsZero() {
 			v.alive(a)
 		}
 		return nil, nil
@@ -269,8 +269,8 @@ func (v *VerifySuspect) suspect(as []stack.Address) {
 
 // DownEvent forgets suspects that left the view.
 func (v *VerifySuspect) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	if ev.Type == stack.EvViewChange {
-		if nv, ok := ev.Arg.(*stack.View); ok {
+	if vc, ok := ev.(stack.EvViewChange); ok {
+		if nv := vc.View; nv != nil {
 			v.mu.Lock()
 			v.view = nv
 			for a := range v.pending {

@@ -31,8 +31,8 @@ func TestLiveSuspectIsClearedAndNotPassedUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, rec, vs := start(t)
 		b := c.Addresses()[1]
-		_, _ = vs.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{b}))
-		stacktest.WaitFor(t, time.Minute, func() bool { return len(rec.Events(stack.EvUnsuspect)) == 1 }, "b answers")
+		_, _ = vs.UpEvent(stack.EvSuspect{Members: []stack.Address{b}})
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(stacktest.Recorded[stack.EvUnsuspect](rec)) == 1 }, "b answers")
 		time.Sleep(2 * cfg.Timeout)
 		require.Empty(t, rec.Suspected(), "a live member's suspicion never reaches the layers above")
 		require.EqualValues(t, 1, stacktest.Stat(t, vs, "suspicions_cleared"))
@@ -45,8 +45,8 @@ func TestDeadSuspectIsPassedUpAfterTimeout(t *testing.T) {
 		b := c.Addresses()[1]
 		c.Net.Cut(b)
 		start := time.Now()
-		_, _ = vs.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{b}))
-		_, _ = vs.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{b})) // again: still one check
+		_, _ = vs.UpEvent(stack.EvSuspect{Members: []stack.Address{b}})
+		_, _ = vs.UpEvent(stack.EvSuspect{Members: []stack.Address{b}}) // again: still one check
 		stacktest.WaitFor(t, time.Minute, func() bool { return len(rec.Suspected()) > 0 }, "suspicion confirmed")
 		require.Equal(t, []stack.Address{b}, rec.Suspected())
 		// Exactly after timeout, give or take WaitFor's poll.
@@ -60,7 +60,7 @@ func TestDeadSuspectIsPassedUpAfterTimeout(t *testing.T) {
 func TestSuspectOutsideTheViewIsIgnored(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, rec, vs := start(t)
-		_, _ = vs.UpEvent(stack.Ev(stack.EvSuspect, []stack.Address{stack.NewAddress()}))
+		_, _ = vs.UpEvent(stack.EvSuspect{Members: []stack.Address{stack.NewAddress()}})
 		time.Sleep(2 * cfg.Timeout)
 		require.Empty(t, rec.Suspected())
 		require.Zero(t, stacktest.Stat(t, vs, "verifications"))

@@ -11,6 +11,7 @@ import (
 	"hash/fnv"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -458,14 +459,19 @@ func (r *EventRecorder) UpEvent(ev stack.Event) (any, error) {
 	return r.PassUpEvent(ev)
 }
 
-// Events returns the recorded events of type t, oldest first.
-func (r *EventRecorder) Events(t stack.EventType) []stack.Event {
+// Events returns the recorded events, oldest first.
+func (r *EventRecorder) Events() []stack.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []stack.Event
-	for _, ev := range r.evs {
-		if ev.Type == t {
-			out = append(out, ev)
+	return slices.Clone(r.evs)
+}
+
+// Recorded returns the events of type E that r recorded, oldest first.
+func Recorded[E stack.Event](r *EventRecorder) []E {
+	var out []E
+	for _, ev := range r.Events() {
+		if e, ok := ev.(E); ok {
+			out = append(out, e)
 		}
 	}
 	return out
@@ -474,9 +480,8 @@ func (r *EventRecorder) Events(t stack.EventType) []stack.Event {
 // Suspected returns every address of the recorded EvSuspect events.
 func (r *EventRecorder) Suspected() []stack.Address {
 	var out []stack.Address
-	for _, ev := range r.Events(stack.EvSuspect) {
-		as, _ := ev.Arg.([]stack.Address)
-		out = append(out, as...)
+	for _, ev := range Recorded[stack.EvSuspect](r) {
+		out = append(out, ev.Members...)
 	}
 	return out
 }

@@ -1,0 +1,49 @@
+package stack
+
+import "net/netip"
+
+// MemberInfo is what discovery learns of one member: its addresses, its
+// name, and the coordinator it knows. EvFindMembers returns a list of them.
+type MemberInfo struct {
+	Addr     Address
+	Name     string
+	Physical netip.AddrPort // invalid when the transport has none (SIM)
+	Coord    Address        // the coordinator of its view; zero if it has none
+	IsServer bool           // it is a member of a view (not still joining)
+}
+
+// maxMemberName bounds a logical name on the wire.
+const maxMemberName = 255
+
+// AppendMemberInfo appends mi's encoding (discovery and MERGE3 send it).
+func AppendMemberInfo(b []byte, mi MemberInfo) []byte {
+	b = AppendAddress(b, mi.Addr)
+	b = AppendString(b, mi.Name)
+	b = AppendAddrPort(b, mi.Physical)
+	b = AppendBool(b, mi.IsServer)
+	if mi.IsServer {
+		b = AppendAddress(b, mi.Coord)
+	}
+	return b
+}
+
+// MemberInfoSize returns the encoded length of mi.
+func MemberInfoSize(mi MemberInfo) int {
+	n := AddressSize + UvarintSize(uint64(len(mi.Name))) + len(mi.Name) + AddrPortSize(mi.Physical) + 1
+	if mi.IsServer {
+		n += AddressSize
+	}
+	return n
+}
+
+// ReadMemberInfo reads a MemberInfo written by AppendMemberInfo.
+func ReadMemberInfo(r *Reader) MemberInfo {
+	mi := MemberInfo{Addr: r.Address(), Name: r.String(maxMemberName, "logical name"), Physical: r.AddrPort(), IsServer: r.Bool()}
+	if mi.IsServer {
+		mi.Coord = r.Address()
+	}
+	return mi
+}
+
+// IsCoord reports whether the member says it is the coordinator of its view.
+func (mi MemberInfo) IsCoord() bool { return mi.IsServer && mi.Coord == mi.Addr }
