@@ -88,66 +88,21 @@ func (g *GMS) process(reqs []request) {
 		g.takeovers.Add(1)
 		g.Log().Info("taking over as coordinator", "view", v, "suspected", v.Coordinator())
 	}
-	var joiners, leavers, merges []request
-	var above uint64 // a member holds a view of this number that this coordinator never installed
-	refresh := false
-	for _, r := range reqs {
-		switch r.kind {
-		case reqRefresh:
-			refresh, above = true, max(above, r.above)
-		case reqJoin:
-			joiners = append(joiners, r)
-		case reqLeave:
-			leavers = append(leavers, r)
-		case reqMerge:
-			merges = append(merges, r)
-		}
-	}
-	gone := map[stack.Address]bool{}
-	for a := range g.suspects {
-		gone[a] = true
-	}
-	var leaving []stack.Address // graceful leavers, not crashed ones
-	for _, r := range leavers {
-		gone[r.addr] = true
-		if !g.suspects[r.addr] && v.Contains(r.addr) {
-			leaving = append(leaving, r.addr)
-		}
-	}
-	var members []stack.Address
-	for _, m := range v.Members {
-		if !gone[m] {
-			members = append(members, m)
-		}
-	}
-	var newJoiners, rejoiners, stateJoiners []stack.Address
-	for _, r := range joiners {
-		switch {
-		case v.Contains(r.addr) && !gone[r.addr]:
-			rejoiners = append(rejoiners, r.addr)
-		case !slices.Contains(members, r.addr) && !gone[r.addr]:
-			members = append(members, r.addr)
-			newJoiners = append(newJoiners, r.addr)
-			if r.state {
-				stateJoiners = append(stateJoiners, r.addr)
-			}
-		}
-	}
+	p := planView(v, self, g.suspects, reqs)
 	g.mu.Unlock()
-	g.joinsHandled.Add(int64(len(joiners)))
-	g.leavesHandled.Add(int64(len(leavers)))
+	g.joinsHandled.Add(int64(p.joins))
+	g.leavesHandled.Add(int64(len(p.leavers)))
 
-	if len(members) != len(v.Members) || len(newJoiners) > 0 || refresh {
-		nv := stack.NewView(self, max(v.ID.Seq, above)+1, members...)
-		g.cast(nv, newJoiners, leaving, stateJoiners)
+	if p.next != nil {
+		g.cast(p.next, p.joiners, p.leaving, p.stateJoiners)
 	}
-	if len(rejoiners) > 0 {
+	if len(p.rejoiners) > 0 {
 		// Already members (the coordinator that took them in crashed before
 		// it answered): answer with the view they are in.
 		// A joiner whose answer was lost gets the digest of the view it
 		// joined in, not today's: it must deliver what was sent since.
 		cur, d := g.View(), g.digest()
-		for _, a := range rejoiners {
+		for _, a := range p.rejoiners {
 			g.mu.Lock()
 			jd, ok := g.joinDigests[a]
 			g.mu.Unlock()
@@ -157,15 +112,15 @@ func (g *GMS) process(reqs []request) {
 			g.send(a, &Header{Type: typeJoinRsp, View: cur, Digest: jd})
 		}
 	}
-	for _, r := range leavers {
-		if r.addr != self {
-			g.send(r.addr, &Header{Type: typeLeaveRsp})
+	for _, a := range p.leavers {
+		if a != self {
+			g.send(a, &Header{Type: typeLeaveRsp})
 		} else {
 			g.leftGroup()
 		}
 	}
-	if len(merges) > 0 {
-		g.runMerge(merges[len(merges)-1].coords)
+	if p.merge != nil {
+		g.runMerge(p.merge)
 	}
 }
 
@@ -196,17 +151,10 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		// unblocked, may have sent since, and are not in the cut the others
 		// agreed on. Keeping them would let the others deliver those
 		// messages in the new view; they are excluded, and merge back.
-		members := slices.DeleteFunc(slices.Clone(nv.Members), func(a stack.Address) bool {
-			if slices.Contains(fr.Without, a) {
-				excluded = append(excluded, a)
-				return true
-			}
-			return false
-		})
-		if len(members) != len(nv.Members) {
-			g.Log().Warn("excluding members the flush went on without", "view", nv, "excluded", fr.Without)
-			g.flushExclusions.Add(int64(len(nv.Members) - len(members)))
-			nv = stack.NewView(nv.ID.Creator, nv.ID.Seq, members...)
+		nv, excluded = withoutUnflushed(nv, fr.Without)
+		if len(excluded) > 0 {
+			g.Log().Warn("excluding members the flush went on without", "view", nv, "excluded", excluded)
+			g.flushExclusions.Add(int64(len(excluded)))
 		}
 	}
 	defer func() {

@@ -1,0 +1,109 @@
+package gms
+
+import (
+	"slices"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// The coordinator's decisions, apart from its I/O: what view follows a
+// bundle of requests, and who the flush before it excludes. These
+// functions take the state they need and return what to do; they start
+// nothing, send nothing and read no clock, so they are tested directly
+// (plan_test.go). coord.go carries the plans out.
+
+// viewPlan is what the coordinator does with one bundle of requests.
+type viewPlan struct {
+	// next is the view to install; nil: the membership stays as it is.
+	next *stack.View
+	// joiners are new members of next; stateJoiners those of them that
+	// fetch the state inside its flush.
+	joiners, stateJoiners []stack.Address
+	// leaving are members that leave gracefully (not suspected): they take
+	// part in the flush before next.
+	leaving []stack.Address
+	// rejoiners asked to join but are members already (their answer was
+	// lost): they get the current view again.
+	rejoiners []stack.Address
+	// leavers asked to leave; each gets a LEAVE_RSP (self: it leaves).
+	leavers []stack.Address
+	// merge lists the coordinators of the last merge request (this member
+	// first); nil: no merge.
+	merge []stack.Address
+	// joins counts the join requests handled (repeats included).
+	joins int
+}
+
+// planView decides what follows view v, coordinated by self, once the
+// bundled requests reqs are applied: suspected members and leavers go;
+// joiners not already members and not going come in, in the order they
+// asked; a refresh (a member announced a view id this coordinator never
+// installed, or missed one) forces a new view numbered above both. The
+// new view's creator is self, its number one above v's (or above the
+// refresh's).
+func planView(v *stack.View, self stack.Address, suspects map[stack.Address]bool, reqs []request) viewPlan {
+	var p viewPlan
+	var above uint64
+	refresh := false
+	gone := map[stack.Address]bool{}
+	for a := range suspects {
+		gone[a] = true
+	}
+	var joins []request
+	for _, r := range reqs {
+		switch r.kind {
+		case reqRefresh:
+			refresh, above = true, max(above, r.above)
+		case reqJoin:
+			joins = append(joins, r)
+		case reqLeave:
+			p.leavers = append(p.leavers, r.addr)
+			gone[r.addr] = true
+			if !suspects[r.addr] && v.Contains(r.addr) && !slices.Contains(p.leaving, r.addr) {
+				p.leaving = append(p.leaving, r.addr)
+			}
+		case reqMerge:
+			p.merge = r.coords
+		}
+	}
+	p.joins = len(joins)
+	members := slices.DeleteFunc(slices.Clone(v.Members), func(m stack.Address) bool { return gone[m] })
+	for _, r := range joins {
+		switch {
+		case gone[r.addr]:
+		case v.Contains(r.addr):
+			if !slices.Contains(p.rejoiners, r.addr) {
+				p.rejoiners = append(p.rejoiners, r.addr)
+			}
+		case !slices.Contains(members, r.addr):
+			members = append(members, r.addr)
+			p.joiners = append(p.joiners, r.addr)
+			if r.state {
+				p.stateJoiners = append(p.stateJoiners, r.addr)
+			}
+		}
+	}
+	if len(members) != len(v.Members) || len(p.joiners) > 0 || refresh {
+		p.next = stack.NewView(self, max(v.ID.Seq, above)+1, members...)
+	}
+	return p
+}
+
+// withoutUnflushed removes from nv the members the flush before it went on
+// without (they did not answer in time, were unblocked and may have sent
+// since: keeping them would let the others deliver those messages in nv).
+// It returns the view to install, and the members it excluded.
+func withoutUnflushed(nv *stack.View, without []stack.Address) (*stack.View, []stack.Address) {
+	var excluded []stack.Address
+	members := slices.DeleteFunc(slices.Clone(nv.Members), func(a stack.Address) bool {
+		if slices.Contains(without, a) {
+			excluded = append(excluded, a)
+			return true
+		}
+		return false
+	})
+	if len(excluded) == 0 {
+		return nv, nil
+	}
+	return stack.NewView(nv.ID.Creator, nv.ID.Seq, members...), excluded
+}

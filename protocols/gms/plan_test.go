@@ -1,0 +1,121 @@
+package gms
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// TestPlanView checks the coordinator's decision for one bundle of
+// requests, case by case, without a stack: who is in the next view, in
+// what order, under which number, and who gets which answer.
+func TestPlanView(t *testing.T) {
+	a, b, c, d, e := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	names := map[stack.Address]string{a: "A", b: "B", c: "C", d: "D", e: "E"}
+	nm := func(as []stack.Address) []string {
+		var out []string
+		for _, x := range as {
+			out = append(out, names[x])
+		}
+		return out
+	}
+	join := func(x stack.Address) request { return request{kind: reqJoin, addr: x} }
+	leave := func(x stack.Address) request { return request{kind: reqLeave, addr: x} }
+	v := stack.NewView(a, 7, a, b, c)
+
+	type want struct {
+		next                  []string // nil: no new view
+		seq                   uint64
+		joiners, stateJoiners []string
+		leaving, leavers      []string
+		rejoiners, merge      []string
+		joins                 int
+	}
+	cases := []struct {
+		name     string
+		self     stack.Address
+		suspects []stack.Address
+		reqs     []request
+		want     want
+	}{
+		{name: "nothing to do", self: a, want: want{}},
+		{name: "joiners come in at the end, in the order they asked", self: a,
+			reqs: []request{join(e), join(d)},
+			want: want{next: []string{"A", "B", "C", "E", "D"}, seq: 8, joiners: []string{"E", "D"}, joins: 2}},
+		{name: "a joiner asking twice in one bundle joins once", self: a,
+			reqs: []request{join(d), join(d)},
+			want: want{next: []string{"A", "B", "C", "D"}, seq: 8, joiners: []string{"D"}, joins: 2}},
+		{name: "a joiner fetching the state is listed for the flush", self: a,
+			reqs: []request{join(d), {kind: reqJoin, addr: e, state: true}},
+			want: want{next: []string{"A", "B", "C", "D", "E"}, seq: 8, joiners: []string{"D", "E"}, stateJoiners: []string{"E"}, joins: 2}},
+		{name: "a graceful leaver takes part in the flush and gets an answer", self: a,
+			reqs: []request{leave(b)},
+			want: want{next: []string{"A", "C"}, seq: 8, leaving: []string{"B"}, leavers: []string{"B"}}},
+		{name: "a suspected member goes without a flush of its own", self: a, suspects: []stack.Address{c},
+			want: want{next: []string{"A", "B"}, seq: 8}},
+		{name: "a suspected member that asks to leave is answered but not awaited", self: a, suspects: []stack.Address{c},
+			reqs: []request{leave(c)},
+			want: want{next: []string{"A", "B"}, seq: 8, leavers: []string{"C"}}},
+		{name: "a member asking to join again gets the current view, no new one", self: a,
+			reqs: []request{join(b)},
+			want: want{rejoiners: []string{"B"}, joins: 1}},
+		{name: "joining and leaving in one bundle: not a member", self: a,
+			reqs: []request{join(d), leave(d)},
+			want: want{leavers: []string{"D"}, joins: 1}},
+		{name: "a suspected joiner is not taken in", self: a, suspects: []stack.Address{d},
+			reqs: []request{join(d)},
+			want: want{joins: 1}},
+		{name: "a refresh makes a view above the one never installed", self: a,
+			reqs: []request{{kind: reqRefresh, above: 9}, {kind: reqRefresh, above: 8}},
+			want: want{next: []string{"A", "B", "C"}, seq: 10}},
+		{name: "a refresh below the current view still moves it on", self: a,
+			reqs: []request{{kind: reqRefresh}},
+			want: want{next: []string{"A", "B", "C"}, seq: 8}},
+		{name: "taking over: the next coordinator drops the old one and creates the view", self: b, suspects: []stack.Address{a},
+			reqs: []request{join(d)},
+			want: want{next: []string{"B", "C", "D"}, seq: 8, joiners: []string{"D"}, joins: 1}},
+		{name: "the last merge request counts", self: a,
+			reqs: []request{{kind: reqMerge, coords: []stack.Address{a, d}}, {kind: reqMerge, coords: []stack.Address{a, e}}},
+			want: want{merge: []string{"A", "E"}}},
+		{name: "the coordinator leaving gets no LEAVE_RSP of its own but leaves", self: a,
+			reqs: []request{leave(a), join(d)},
+			want: want{next: []string{"B", "C", "D"}, seq: 8, joiners: []string{"D"}, leaving: []string{"A"}, leavers: []string{"A"}, joins: 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sus := map[stack.Address]bool{}
+			for _, s := range tc.suspects {
+				sus[s] = true
+			}
+			p := planView(v, tc.self, sus, tc.reqs)
+			var got want
+			if p.next != nil {
+				got.next, got.seq = nm(p.next.Members), p.next.ID.Seq
+				require.Equal(t, tc.self, p.next.ID.Creator, "the coordinator creates the view")
+			}
+			got.joiners, got.stateJoiners = nm(p.joiners), nm(p.stateJoiners)
+			got.leaving, got.leavers = nm(p.leaving), nm(p.leavers)
+			got.rejoiners, got.merge, got.joins = nm(p.rejoiners), nm(p.merge), p.joins
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestWithoutUnflushed checks that the members a flush went on without
+// are taken out of the view that follows it, under the same view id, and
+// reported; a view without such members is kept as it is.
+func TestWithoutUnflushed(t *testing.T) {
+	a, b, c, d := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	nv := stack.NewView(a, 4, a, b, c)
+
+	same, ex := withoutUnflushed(nv, []stack.Address{d})
+	require.Same(t, nv, same, "no member of the view is excluded")
+	require.Empty(t, ex)
+
+	got, ex := withoutUnflushed(nv, []stack.Address{c, d, b})
+	require.Equal(t, []stack.Address{a}, got.Members)
+	require.Equal(t, nv.ID, got.ID)
+	require.Equal(t, []stack.Address{b, c}, ex, "excluded in the view's order")
+}
