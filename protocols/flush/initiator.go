@@ -203,19 +203,7 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 	for {
 		f.mu.Lock()
 		refused := ir.refused
-		var missing []stack.Address
-		for _, p := range ir.parts {
-			_, ok := ir.answered[p]
-			switch {
-			case ok:
-			case f.suspects[p] && p != f.LocalAddress():
-				if !slices.Contains(ir.skipped, p) {
-					ir.skipped = append(ir.skipped, p)
-				}
-			case ir.merge || f.view == nil || f.view.Contains(p) || p == f.LocalAddress():
-				missing = append(missing, p)
-			}
-		}
+		missing := ir.awaiting(f.LocalAddress(), f.view, f.suspects)
 		phase := ir.phase
 		f.mu.Unlock()
 		switch {

@@ -3,7 +3,6 @@ package flush
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/strata-go/strata/stack"
@@ -68,26 +67,6 @@ func (f *FLUSH) handle(src stack.Address, h *Header) {
 	}
 }
 
-// supersedes reports whether round n takes the place of cur at a
-// participant: a newer round of the same initiator; a view-change round
-// over an application's round, or over a view-change round whose initiator
-// it leaves out (the coordinator crashed or left); between two application
-// rounds, the initiator with the lower address wins, so colliding
-// initiators never livelock.
-func supersedes(n *Header, cur *partRound) bool {
-	switch {
-	case n.Round.Initiator == cur.id.Initiator:
-		return n.Round.N > cur.id.N
-	case n.ViewChange && !cur.vc:
-		return true
-	case n.ViewChange && cur.vc:
-		return !slices.Contains(n.Participants, cur.id.Initiator)
-	case !n.ViewChange && !cur.vc:
-		return n.Round.Initiator.Compare(cur.id.Initiator) < 0
-	}
-	return false
-}
-
 func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 	if src != h.Round.Initiator {
 		return
@@ -95,25 +74,23 @@ func (f *FLUSH) handleStart(src stack.Address, h *Header) {
 	f.pmu.Lock()
 	defer f.pmu.Unlock()
 	f.mu.Lock()
-	if h.Round.N <= f.done[src] {
-		// Its STOP_FLUSH (or ABORT) overtook it: the round is over.
+	var old *partRound
+	switch onStart(h, f.cur, f.done[src]) {
+	case startOver:
 		f.mu.Unlock()
 		f.lateStarts.Add(1)
 		return
-	}
-	var old *partRound
-	switch cur := f.cur; {
-	case cur == nil:
-	case cur.id == h.Round:
+	case startAgain:
+		cur := f.cur
 		f.mu.Unlock()
 		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
 		return
-	case supersedes(h, cur):
-		old = cur
-	default:
+	case startRefuse:
 		f.mu.Unlock()
 		f.send(src, &Header{Type: typeNotCompleted, Round: h.Round})
 		return
+	case startSupersede:
+		old = f.cur
 	}
 	cur := &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
 	if f.view != nil {

@@ -1,0 +1,92 @@
+package flush
+
+import (
+	"slices"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// The round decisions, apart from FLUSH's I/O: what a participant does
+// with a START_FLUSH, whom an initiator still waits for, and what everyone
+// must deliver (maxDigest, initiator.go). They take the state they need
+// and return the answer; no locks, sends or clocks, so they are tested
+// directly (decide_test.go).
+
+// startAction is what a participant does with a START_FLUSH.
+type startAction uint8
+
+const (
+	// startTake: block for the new round (no round is on).
+	startTake startAction = iota
+	// startOver: the round is over already (its STOP_FLUSH or ABORT
+	// overtook the start); ignore it.
+	startOver
+	// startAgain: the start of the current round, again (the initiator
+	// resent it): answer COMPLETED again.
+	startAgain
+	// startSupersede: the new round takes the current one's place; the
+	// current initiator gets NOT_COMPLETED.
+	startSupersede
+	// startRefuse: the current round stays; the new initiator gets
+	// NOT_COMPLETED.
+	startRefuse
+)
+
+// onStart decides what a participant blocked for cur (nil: none) does with
+// the start h, given the number of the last round of h's initiator that
+// ended here (done).
+func onStart(h *Header, cur *partRound, done uint64) startAction {
+	switch {
+	case h.Round.N <= done:
+		return startOver
+	case cur == nil:
+		return startTake
+	case cur.id == h.Round:
+		return startAgain
+	case supersedes(h, cur):
+		return startSupersede
+	}
+	return startRefuse
+}
+
+// supersedes reports whether round n takes the place of cur at a
+// participant: a newer round of the same initiator; a view-change round
+// over an application's round, or over a view-change round whose initiator
+// it leaves out (the coordinator crashed or left); between two application
+// rounds, the initiator with the lower address wins, so colliding
+// initiators never livelock.
+func supersedes(n *Header, cur *partRound) bool {
+	switch {
+	case n.Round.Initiator == cur.id.Initiator:
+		return n.Round.N > cur.id.N
+	case n.ViewChange && !cur.vc:
+		return true
+	case n.ViewChange && cur.vc:
+		return !slices.Contains(n.Participants, cur.id.Initiator)
+	case !n.ViewChange && !cur.vc:
+		return n.Round.Initiator.Compare(cur.id.Initiator) < 0
+	}
+	return false
+}
+
+// awaiting returns the participants that have not answered the round's
+// current phase and are still awaited: a suspected participant (not self)
+// is no longer awaited and goes on the round's skipped list; one that left
+// the initiator's view is not awaited, unless the round is a merge (its
+// participants come from several views) or the initiator has no view yet.
+func (ir *initRound) awaiting(self stack.Address, view *stack.View, suspects map[stack.Address]bool) []stack.Address {
+	var missing []stack.Address
+	for _, p := range ir.parts {
+		_, ok := ir.answered[p]
+		switch {
+		case ok:
+		case suspects[p] && p != self:
+			if !slices.Contains(ir.skipped, p) {
+				ir.skipped = append(ir.skipped, p)
+			}
+		case ir.merge || view == nil || view.Contains(p) || p == self:
+			missing = append(missing, p)
+		}
+	}
+	return missing
+}
