@@ -38,7 +38,7 @@ func benchPair(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{
 	}
 	var chs []*stack.Channel
 	for i, rcv := range []stack.Receiver{stack.ReceiverFuncs{}, stack.ReceiverFuncs{OnReceive: count}} {
-		ch, err := stack.NewChannelFromFSVars(configs.FS, "udp.toml", vars, stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
+		ch, err := stack.New(stack.FromFS(configs.FS, "udp.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
 		if err != nil {
 			b.Fatal(err)
 		}

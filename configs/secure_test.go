@@ -90,7 +90,7 @@ func TestSecureConfigKeepsOutWhoHasNoSecretOrKey(t *testing.T) {
 	var outsiders []*stacktest.Collector
 	mk := func(v map[string]string, name string) *stack.Channel {
 		col := stacktest.NewCollector()
-		ch, err := stack.NewChannelFromFSVars(configs.FS, "secure.toml", v, stack.WithName(name), stack.WithReceiver(col))
+		ch, err := stack.New(stack.FromFS(configs.FS, "secure.toml"), stack.WithVars(v), stack.WithName(name), stack.WithReceiver(col))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		outsiders = append(outsiders, col)

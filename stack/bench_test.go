@@ -32,7 +32,7 @@ func BenchmarkTraversal10Layers(b *testing.B) {
 		protos = append(protos, &passThrough{})
 	}
 	recv := &countingReceiver{}
-	ch, err := stack.NewChannel(protos, stack.WithReceiver(recv))
+	ch, err := stack.New(stack.FromProtocols(protos...), stack.WithReceiver(recv))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,79 +102,6 @@ type Channel struct {
 }
 
 type receiverBox struct{ r Receiver }
-
-// Option configures a channel.
-type Option func(*Channel)
-
-// WithName sets the member's logical name (shown in views and logs).
-func WithName(name string) Option { return func(c *Channel) { c.name = name } }
-
-// WithLogger sets the logger of the channel's stack.
-func WithLogger(l *slog.Logger) Option { return func(c *Channel) { c.st.SetLogger(l) } }
-
-// WithSeed seeds the stack's random choices and the channel's addresses,
-// so that a run over SIM in virtual time can be replayed from its seed.
-func WithSeed(seed uint64) Option { return func(c *Channel) { c.st.SetSeed(seed) } }
-
-// WithReceiver sets the receiver before anything can be delivered.
-func WithReceiver(r Receiver) Option { return func(c *Channel) { c.SetReceiver(r) } }
-
-// NewChannel builds a channel on protos, bottom (transport) first.
-func NewChannel(protos []Protocol, opts ...Option) (*Channel, error) {
-	st, err := NewStack(protos...)
-	if err != nil {
-		return nil, err
-	}
-	c := &Channel{st: st, cb: newCallbacks()}
-	st.top.ch = c
-	for _, o := range opts {
-		o(c)
-	}
-	c.newAddress()
-	if err := st.Init(); err != nil {
-		_ = st.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-// NewChannelFromConfig builds a channel from a parsed stack config.
-func NewChannelFromConfig(sc *StackConfig, opts ...Option) (*Channel, error) {
-	protos, err := sc.Build()
-	if err != nil {
-		return nil, err
-	}
-	return NewChannel(protos, opts...)
-}
-
-// NewChannelFromFile builds a channel from a TOML stack config file.
-func NewChannelFromFile(path string, opts ...Option) (*Channel, error) {
-	sc, err := LoadConfig(path)
-	if err != nil {
-		return nil, err
-	}
-	return NewChannelFromConfig(sc, opts...)
-}
-
-// NewChannelFromFS builds a channel from a config in fsys (for example an
-// embedded one).
-func NewChannelFromFS(fsys fs.FS, path string, opts ...Option) (*Channel, error) {
-	return NewChannelFromFSVars(fsys, path, nil, opts...)
-}
-
-// NewChannelFromFSVars is NewChannelFromFS with the config's ${NAME}
-// variables taken from vars before the environment (see ParseConfigVars).
-func NewChannelFromFSVars(fsys fs.FS, path string, vars map[string]string, opts ...Option) (*Channel, error) {
-	data, err := fs.ReadFile(fsys, path)
-	if err != nil {
-		return nil, &ConfigError{File: path, Reason: err.Error()}
-	}
-	sc, err := ParseConfigVars(path, data, vars)
-	if err != nil {
-		return nil, err
-	}
-	return NewChannelFromConfig(sc, opts...)
-}
 
 func (c *Channel) newAddress() {
 	a := c.st.Rand().address()

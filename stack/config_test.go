@@ -159,12 +159,12 @@ func TestRegistryRejectsDuplicatesAndBuildsInCode(t *testing.T) {
 		stack.Register(stack.ProtocolSpec[sim.Config]{Name: "SIM", Defaults: sim.DefaultConfig,
 			New: func(sim.Config) (stack.Protocol, error) { return nil, nil }})
 	})
-	p, err := stack.New[delay.Config]("DELAY", func(c *delay.Config) { c.Up = time.Second })
+	p, err := stack.NewProtocol[delay.Config]("DELAY", func(c *delay.Config) { c.Up = time.Second })
 	require.NoError(t, err)
 	require.Equal(t, "DELAY", p.Name())
-	_, err = stack.New[delay.Config]("DELAY", func(c *delay.Config) { c.Up = -time.Second })
+	_, err = stack.NewProtocol[delay.Config]("DELAY", func(c *delay.Config) { c.Up = -time.Second })
 	require.ErrorContains(t, err, "up: must not be negative")
-	_, err = stack.New[delay.Config]("NOPE", nil)
+	_, err = stack.NewProtocol[delay.Config]("NOPE", nil)
 	require.ErrorContains(t, err, "unknown protocol")
 }
 

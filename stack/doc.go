@@ -12,7 +12,7 @@
 // the stack). Callbacks never run under a protocol's lock; a callback may
 // send.
 //
-//	ch, err := stack.NewChannelFromFS(configs.FS, "udp.toml", stack.WithReceiver(r))
+//	ch, err := stack.New(stack.FromFS(configs.FS, "udp.toml"), stack.WithReceiver(r))
 //	...
 //	err = ch.Connect(ctx, "my-group")
 //	err = ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello")))

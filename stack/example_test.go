@@ -31,8 +31,7 @@ func (p *printer) ViewAccepted(v *stack.View) {}
 func Example() {
 	var wg sync.WaitGroup
 	wg.Add(1)
-	ch, err := stack.NewChannelFromFS(configs.FS, "sim.toml",
-		stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
+	ch, err := stack.New(stack.FromFS(configs.FS, "sim.toml"), stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
 	if err != nil {
 		panic(err)
 	}

@@ -51,7 +51,7 @@ func TestAdmittedMessagesComeBeforeALaterView(t *testing.T) {
 		net := stacktest.NewNetwork(t, 1)
 		cfg := sim.DefaultConfig()
 		cfg.Network = net.Name()
-		ch, err := stack.NewChannel([]stack.Protocol{sim.New(cfg), sp}, stack.WithReceiver(stack.ReceiverFuncs{
+		ch, err := stack.New(stack.FromProtocols([]stack.Protocol{sim.New(cfg), sp}...), stack.WithReceiver(stack.ReceiverFuncs{
 			OnReceive: func(m *stack.Message) { note(string(m.Payload)) },
 			OnView:    func(v *stack.View) { note(v.ID.String()) },
 		}))

@@ -172,9 +172,10 @@ func (t *ProtocolType) Build(cfg any) (Protocol, error) {
 	return t.build(cfg)
 }
 
-// New builds a protocol of the registered type name from its defaults,
-// changed by the optional set function; for stacks built in code.
-func New[C any](name string, set func(*C)) (Protocol, error) {
+// NewProtocol builds a protocol of the registered type name from its
+// defaults, changed by the optional set function; for stacks built in code
+// (FromProtocols).
+func NewProtocol[C any](name string, set func(*C)) (Protocol, error) {
 	t, ok := LookupProtocol(name)
 	if !ok {
 		return nil, fmt.Errorf("stack: unknown protocol %q (registered: %v)", name, registeredNames())

@@ -56,7 +56,7 @@ func cmdChat(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitConfig
 	}
 	pr := &chatPrinter{out: stdout}
-	ch, err := stack.NewChannelFromConfig(sc, stack.WithName(*name), stack.WithReceiver(pr))
+	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(*name), stack.WithReceiver(pr))
 	if err != nil {
 		fmt.Fprintln(stderr, "stackdemo chat:", err)
 		return exitFail

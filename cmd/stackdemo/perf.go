@@ -339,7 +339,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
 		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1), oob: o.oob || o.mode == "anycast"}
-		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
+		ch, err := stack.New(stack.FromConfig(sc), stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
 		if err != nil {
 			return nil, err
 		}
@@ -669,7 +669,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1),
 		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
 	pm.mu.Lock() // until this member knows its index
-	ch, err := stack.NewChannelFromConfig(sc, stack.WithName(name), stack.WithReceiver(pm))
+	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))
 	if err != nil {
 		pm.mu.Unlock()
 		return nil, err

@@ -136,7 +136,7 @@ func (l *Lab) Add() *Member {
 		level = slog.LevelDebug // a failing test's log tells the whole story
 	}
 	logger := slog.New(slog.NewTextHandler(m.Log, &slog.HandlerOptions{Level: level}))
-	ch, err := stack.NewChannel(protos, stack.WithName(stacktest.Names[i]), stack.WithReceiver(recv), stack.WithLogger(logger))
+	ch, err := stack.New(stack.FromProtocols(protos...), stack.WithName(stacktest.Names[i]), stack.WithReceiver(recv), stack.WithLogger(logger))
 	require.NoError(l.T, err)
 	l.T.Cleanup(func() {
 		if l.T.Failed() {

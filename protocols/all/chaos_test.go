@@ -280,11 +280,11 @@ func (r *chaosRun) add() int {
 	if r.groupfc {
 		rec.events, rec.bySrc, rec.up = true, map[stack.Address][]string{}, map[stack.Address]bool{}
 	}
-	opts := []stack.Option{stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8 | uint64(i))}
+	opts := []stack.Option{stack.FromConfig(sc), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8 | uint64(i))}
 	if r.log != nil {
 		opts = append(opts, stack.WithLogger(slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("member", stacktest.Names[i])))
 	}
-	ch, err := stack.NewChannelFromConfig(sc, opts...)
+	ch, err := stack.New(opts...)
 	require.NoError(r.t, err)
 	if r.prepare != nil {
 		r.prepare(ch)

@@ -59,7 +59,7 @@ func startHostileGroup(t testing.TB, file string) *hostileGroup {
 	for i := range 3 {
 		sc, err := stack.ParseConfigVars(file, data, vars)
 		require.NoError(t, err)
-		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(stacktest.NewCollector()))
+		ch, err := stack.New(stack.FromConfig(sc), stack.WithName(stacktest.Names[i]), stack.WithReceiver(stacktest.NewCollector()))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		require.NoError(t, ch.Connect(context.Background(), "hostile"))

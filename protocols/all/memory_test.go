@@ -35,7 +35,7 @@ func udpPair(t *testing.T, r stack.Receiver) []*stack.Channel {
 	for i, r := range []stack.Receiver{stack.ReceiverFuncs{}, r} {
 		sc, err := stack.ParseConfigVars("udp.toml", data, vars)
 		require.NoError(t, err)
-		ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
+		ch, err := stack.New(stack.FromConfig(sc), stack.WithName(stacktest.Names[i]), stack.WithReceiver(r), stack.WithSeed(uint64(i+1)))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		require.NoError(t, ch.Connect(t.Context(), "pair"))

@@ -71,7 +71,7 @@ func TestEachLayerSeesEachViewOnce(t *testing.T) {
 		for i := range 3 {
 			sc, err := stack.ParseConfigVars("flush.toml", data, vars)
 			require.NoError(t, err)
-			ch, err := stack.NewChannelFromConfig(sc, stack.WithName(stacktest.Names[i]))
+			ch, err := stack.New(stack.FromConfig(sc), stack.WithName(stacktest.Names[i]))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = ch.Close() })
 			sp := spies{newViewSpy("SPY_BELOW"), newViewSpy("SPY_ABOVE"), newViewSpy("SPY_TOP")}

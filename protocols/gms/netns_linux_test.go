@@ -30,7 +30,7 @@ func TestThreeHostsSplitAndMergeInNetworkNamespaces(t *testing.T) {
 		// The transport checks its address (Init) and makes its sockets
 		// (Connect) in the host's namespace.
 		require.NoError(t, netlab.In(lab.Hosts[i], func() (err error) {
-			ch, err = stack.NewChannel(protos, stack.WithName(fmt.Sprintf("host%d", i+1)))
+			ch, err = stack.New(stack.FromProtocols(protos...), stack.WithName(fmt.Sprintf("host%d", i+1)))
 			return err
 		}))
 		t.Cleanup(func() { _ = ch.Close() })

@@ -103,7 +103,7 @@ func TestCrashOnLoopbackUDPIsDetected(t *testing.T) {
 	var ms []*udpMember
 	for i := range 4 {
 		d, protos := udpStack(cfg)
-		ch, err := stack.NewChannel(protos, stack.WithName(fmt.Sprintf("L%d", i)))
+		ch, err := stack.New(stack.FromProtocols(protos...), stack.WithName(fmt.Sprintf("L%d", i)))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		ms = append(ms, &udpMember{ch: ch, drop: d})

@@ -77,7 +77,7 @@ func BenchmarkBroadcastSIM4(b *testing.B) {
 			for i := range 4 {
 				cfg := sim.DefaultConfig()
 				cfg.Network = net.Name()
-				ch, err := stack.NewChannel(append([]stack.Protocol{sim.New(cfg)}, benchStack(fc)...), stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
+				ch, err := stack.New(stack.FromProtocols(append([]stack.Protocol{sim.New(cfg)}, benchStack(fc)...)...), stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -106,7 +106,7 @@ func BenchmarkBroadcastUDP4(b *testing.B) {
 			ws := newWindows(4)
 			var chs []*stack.Channel
 			for i := range 4 {
-				ch, err := stack.NewChannel(append([]stack.Protocol{udp.New(cfg)}, benchStack(fc)...), stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
+				ch, err := stack.New(stack.FromProtocols(append([]stack.Protocol{udp.New(cfg)}, benchStack(fc)...)...), stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
 				if err != nil {
 					b.Fatal(err)
 				}

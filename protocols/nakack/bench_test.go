@@ -44,8 +44,7 @@ func BenchmarkSendReceive1KB(b *testing.B) {
 		hubs = append(hubs, h)
 		sc := stable.DefaultConfig()
 		sc.MaxBytes = 1 << 20
-		ch, err := stack.NewChannel([]stack.Protocol{h, nakack.New(nakack.DefaultConfig()), stable.New(sc)},
-			stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
+		ch, err := stack.New(stack.FromProtocols([]stack.Protocol{h, nakack.New(nakack.DefaultConfig()), stable.New(sc)}...), stack.WithReceiver(stacktest.WindowReceiver{W: ws[i]}))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -85,7 +84,7 @@ func BenchmarkSIM3Members1KB(b *testing.B) {
 	var ws []*stacktest.Window
 	for range members {
 		w := stacktest.NewWindow(0)
-		ch, err := stack.NewChannelFromConfig(mustConfig(b, net.Name()), stack.WithReceiver(stacktest.WindowReceiver{W: w}))
+		ch, err := stack.New(stack.FromConfig(mustConfig(b, net.Name())), stack.WithReceiver(stacktest.WindowReceiver{W: w}))
 		if err != nil {
 			b.Fatal(err)
 		}

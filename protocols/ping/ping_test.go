@@ -114,7 +114,7 @@ type udpMember struct {
 
 func startUDP(t *testing.T, cfg udp.Config, d *ping.Discovery, cluster string) *udpMember {
 	m := &udpMember{d: d, u: udp.New(cfg), col: stacktest.NewCollector()}
-	ch, err := stack.NewChannel([]stack.Protocol{m.u, d, unicast2.New(unicast2.DefaultConfig())}, stack.WithReceiver(m.col))
+	ch, err := stack.New(stack.FromProtocols([]stack.Protocol{m.u, d, unicast2.New(unicast2.DefaultConfig())}...), stack.WithReceiver(m.col))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	require.NoError(t, ch.Connect(context.Background(), cluster))

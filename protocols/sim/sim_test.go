@@ -145,7 +145,7 @@ func TestChannelFromConfigOnSIM(t *testing.T) {
 			sc, err := stack.ParseConfig("inline.toml", src)
 			require.NoError(t, err)
 			col := stacktest.NewCollector()
-			ch, err := stack.NewChannelFromConfig(sc, stack.WithName(name), stack.WithReceiver(col))
+			ch, err := stack.New(stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(col))
 			require.NoError(t, err)
 			require.NoError(t, ch.Connect(context.Background(), "cfg"))
 			defer ch.Close()

@@ -55,7 +55,7 @@ func startMembers(t testing.TB, n int, cluster string, cfg udp.Config, above fun
 			protos = append(protos, above()...)
 		}
 		col := stacktest.NewCollector()
-		ch, err := stack.NewChannel(protos, stack.WithName(fmt.Sprintf("%s-%c", cluster, 'A'+i)), stack.WithReceiver(col))
+		ch, err := stack.New(stack.FromProtocols(protos...), stack.WithName(fmt.Sprintf("%s-%c", cluster, 'A'+i)), stack.WithReceiver(col))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		require.NoError(t, ch.Connect(context.Background(), cluster))

@@ -61,7 +61,7 @@ func FuzzReceive(f *testing.F) {
 	f.Add(stack.EncodeBundle(nil, "fuzz", src, false, stack.NewMessage(stack.NewAddress(), nil)))
 	f.Add([]byte{})
 	u := New(DefaultConfig())
-	ch, err := stack.NewChannel([]stack.Protocol{u})
+	ch, err := stack.New(stack.FromProtocols([]stack.Protocol{u}...))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestMembersInThreeNetworkNamespaces(t *testing.T) {
 		c.BindAddr = netlab.IP(i + 1)
 		m := &member{udp: udp.New(c), col: stacktest.NewCollector()}
 		require.NoError(t, netlab.In(h, func() error {
-			ch, err := stack.NewChannel([]stack.Protocol{m.udp}, stack.WithName(fmt.Sprintf("ns%d", i+1)), stack.WithReceiver(m.col))
+			ch, err := stack.New(stack.FromProtocols([]stack.Protocol{m.udp}...), stack.WithName(fmt.Sprintf("ns%d", i+1)), stack.WithReceiver(m.col))
 			if err != nil {
 				return err
 			}

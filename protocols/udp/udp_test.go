@@ -231,7 +231,7 @@ func TestBindAddrErrorsAreClear(t *testing.T) {
 	} {
 		cfg := testConfig(t)
 		cfg.BindAddr = addr
-		_, err := stack.NewChannel([]stack.Protocol{udp.New(cfg)})
+		_, err := stack.New(stack.FromProtocols([]stack.Protocol{udp.New(cfg)}...))
 		require.ErrorContains(t, err, want, addr)
 		require.ErrorContains(t, err, addr)
 	}
@@ -249,7 +249,7 @@ func TestSmallKernelBufferIsReportedOnce(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.UcastRecvBuf = 1 << 30
 	u := udp.New(cfg)
-	ch, err := stack.NewChannel([]stack.Protocol{u}, stack.WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{&logs, &mu}, nil))))
+	ch, err := stack.New(stack.FromProtocols([]stack.Protocol{u}...), stack.WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{&logs, &mu}, nil))))
 	require.NoError(t, err)
 	defer ch.Close()
 	require.NoError(t, ch.Connect(context.Background(), "buf"))

@@ -39,7 +39,7 @@ func BenchmarkPerMessage1KB(b *testing.B) {
 	mk := func(t *pipe, r stack.Receiver) *stack.Channel {
 		cfg := unicast2.DefaultConfig()
 		cfg.MaxBytes = 1 << 20
-		ch, err := stack.NewChannel([]stack.Protocol{t, unicast2.New(cfg)}, stack.WithReceiver(r))
+		ch, err := stack.New(stack.FromProtocols([]stack.Protocol{t, unicast2.New(cfg)}...), stack.WithReceiver(r))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -82,7 +82,7 @@ func BenchmarkUDPLoopback1KB(b *testing.B) {
 		if i == 1 {
 			r = stacktest.WindowReceiver{W: w}
 		}
-		ch, err := stack.NewChannel([]stack.Protocol{udp.New(cfg), unicast2.New(unicast2.DefaultConfig())}, stack.WithReceiver(r))
+		ch, err := stack.New(stack.FromProtocols([]stack.Protocol{udp.New(cfg), unicast2.New(unicast2.DefaultConfig())}...), stack.WithReceiver(r))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -26,7 +26,7 @@ func BenchUnicastSIM(b *testing.B, payload []byte, above func() []stack.Protocol
 		if i == 1 {
 			r = WindowReceiver{W: w}
 		}
-		ch, err := stack.NewChannel(ps, stack.WithReceiver(r))
+		ch, err := stack.New(stack.FromProtocols(ps...), stack.WithReceiver(r))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -126,7 +126,7 @@ func Start(t testing.TB, n int, build func(i int) []stack.Protocol) *Cluster {
 	c := &Cluster{}
 	for i := range n {
 		col := NewCollector()
-		ch, err := stack.NewChannel(build(i), stack.WithName(memberName(i)), stack.WithReceiver(col))
+		ch, err := stack.New(stack.FromProtocols(build(i)...), stack.WithName(memberName(i)), stack.WithReceiver(col))
 		if err != nil {
 			t.Fatalf("member %d: %v", i, err)
 		}
