@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-go/strata/configs"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -38,7 +37,7 @@ func benchPair(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{
 	}
 	var chs []*stack.Channel
 	for i, rcv := range []stack.Receiver{stack.ReceiverFuncs{}, stack.ReceiverFuncs{OnReceive: count}} {
-		ch, err := stack.New(stack.FromFS(configs.FS, "udp.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
+		ch, err := stack.New(stack.Shipped("udp.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/configs"
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"
@@ -28,7 +27,7 @@ func TestSimConfigStartsAGroup(t *testing.T) {
 		var cols []*stacktest.Collector
 		for _, name := range []string{"A", "B", "C"} {
 			col := stacktest.NewCollector()
-			ch, err := stack.New(stack.FromFS(configs.FS, "sim.toml"), stack.WithName(name), stack.WithReceiver(col))
+			ch, err := stack.New(stack.Shipped("sim.toml"), stack.WithName(name), stack.WithReceiver(col))
 			require.NoError(t, err)
 			require.NoError(t, ch.Connect(context.Background(), "demo"))
 			t.Cleanup(func() { _ = ch.Close() })
@@ -55,7 +54,7 @@ func startFromConfig(t *testing.T, file string, n int, vars map[string]string) (
 	var cols []*stacktest.Collector
 	for i := range n {
 		col := stacktest.NewCollector()
-		ch, err := stack.New(stack.FromFS(configs.FS, file), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
+		ch, err := stack.New(stack.Shipped(file), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		chs, cols = append(chs, ch), append(cols, col)
@@ -173,7 +172,7 @@ func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
 	var cs []*counter
 	for i := range 4 {
 		c := &counter{Collector: stacktest.NewCollector()}
-		ch, err := stack.New(stack.FromFS(configs.FS, "flush.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(c))
+		ch, err := stack.New(stack.Shipped("flush.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(c))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		chs, cs = append(chs, ch), append(cs, c)
@@ -214,7 +213,7 @@ func TestGroupFCConfigOnLoopback(t *testing.T) {
 	for i, inst := range []string{"1", "2", "2"} {
 		vars["STRATA_GROUP_INSTANCE"] = inst
 		col := stacktest.NewCollector()
-		ch, err := stack.New(stack.FromFS(configs.FS, "groupfc.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
+		ch, err := stack.New(stack.Shipped("groupfc.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		chs, cols = append(chs, ch), append(cols, col)

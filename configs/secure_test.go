@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/ipv4"
 
-	"github.com/strata-go/strata/configs"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -90,7 +89,7 @@ func TestSecureConfigKeepsOutWhoHasNoSecretOrKey(t *testing.T) {
 	var outsiders []*stacktest.Collector
 	mk := func(v map[string]string, name string) *stack.Channel {
 		col := stacktest.NewCollector()
-		ch, err := stack.New(stack.FromFS(configs.FS, "secure.toml"), stack.WithVars(v), stack.WithName(name), stack.WithReceiver(col))
+		ch, err := stack.New(stack.Shipped("secure.toml"), stack.WithVars(v), stack.WithName(name), stack.WithReceiver(col))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		outsiders = append(outsiders, col)

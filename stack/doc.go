@@ -3,16 +3,18 @@
 //
 // # For applications
 //
-// A Channel is a member of a group. Build one from a stack config (the
-// shipped ones are in package configs; import _ ".../protocols/all" to
-// register the shipped protocols), set a Receiver, Connect to a cluster
+// A Channel is a member of a group. New builds one: on the default stack
+// (udp.toml), a shipped one (Shipped("flush.toml"); they are in package
+// configs), a config file (FromFile) or protocols built in Go
+// (FromProtocols); import _ ".../protocols/all" to register the shipped
+// protocols. Give it a Receiver (WithReceiver), Connect to a cluster
 // name, then Send messages to a member or to the group (a zero
 // destination). Receive gets messages; ViewAccepted gets each new view of
 // the group, in order with the messages (virtual synchrony with FLUSH in
 // the stack). Callbacks never run under a protocol's lock; a callback may
 // send.
 //
-//	ch, err := stack.New(stack.FromFS(configs.FS, "udp.toml"), stack.WithReceiver(r))
+//	ch, err := stack.New(stack.Shipped("udp.toml"), stack.WithReceiver(r))
 //	...
 //	err = ch.Connect(ctx, "my-group")
 //	err = ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello")))

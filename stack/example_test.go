@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/strata-go/strata/configs"
 	_ "github.com/strata-go/strata/protocols/all" // registers every protocol
 	"github.com/strata-go/strata/stack"
 )
@@ -31,7 +30,7 @@ func (p *printer) ViewAccepted(v *stack.View) {}
 func Example() {
 	var wg sync.WaitGroup
 	wg.Add(1)
-	ch, err := stack.New(stack.FromFS(configs.FS, "sim.toml"), stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
+	ch, err := stack.New(stack.Shipped("sim.toml"), stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
 	if err != nil {
 		panic(err)
 	}
