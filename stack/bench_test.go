@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // loopTransport turns every message sent down straight back up, on the
@@ -70,7 +71,7 @@ func BenchmarkDecodeMessage3Headers1KB(b *testing.B) {
 	enc := stack.AppendMessage(nil, m, src)
 	b.SetBytes(int64(len(enc)))
 	b.ReportAllocs()
-	var r stack.Reader
+	var r wire.Reader
 	for b.Loop() {
 		r.Reset(enc)
 		if _, err := stack.ReadMessage(&r, src); err != nil {

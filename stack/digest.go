@@ -3,6 +3,8 @@ package stack
 import (
 	"fmt"
 	"strings"
+
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // DigestEntry is what one member knows of one sender's multicasts.
@@ -43,26 +45,26 @@ func (d Digest) String() string {
 
 // DigestSize returns the encoded length of d.
 func DigestSize(d Digest) int {
-	n := UvarintSize(uint64(len(d)))
+	n := wire.UvarintSize(uint64(len(d)))
 	for _, e := range d {
-		n += AddressSize + UvarintSize(e.HighestDelivered) + UvarintSize(e.HighestReceived)
+		n += AddressSize + wire.UvarintSize(e.HighestDelivered) + wire.UvarintSize(e.HighestReceived)
 	}
 	return n
 }
 
 // AppendDigest appends the wire encoding of d.
 func AppendDigest(b []byte, d Digest) []byte {
-	b = AppendUvarint(b, uint64(len(d)))
+	b = wire.AppendUvarint(b, uint64(len(d)))
 	for _, e := range d {
 		b = AppendAddress(b, e.Member)
-		b = AppendUvarint(b, e.HighestDelivered)
-		b = AppendUvarint(b, e.HighestReceived)
+		b = wire.AppendUvarint(b, e.HighestDelivered)
+		b = wire.AppendUvarint(b, e.HighestReceived)
 	}
 	return b
 }
 
 // ReadDigest decodes a digest written by AppendDigest.
-func ReadDigest(r *Reader) Digest {
+func ReadDigest(r *wire.Reader) Digest {
 	n := r.Uvarint()
 	if n > 1<<16 || n*AddressSize > uint64(r.Len()) {
 		r.Fail("digest of %d members", n)
@@ -70,7 +72,7 @@ func ReadDigest(r *Reader) Digest {
 	}
 	d := make(Digest, n)
 	for i := range d {
-		d[i] = DigestEntry{Member: r.Address(), HighestDelivered: r.Uvarint(), HighestReceived: r.Uvarint()}
+		d[i] = DigestEntry{Member: ReadAddress(r), HighestDelivered: r.Uvarint(), HighestReceived: r.Uvarint()}
 	}
 	if r.Err() != nil {
 		return nil

@@ -40,8 +40,9 @@
 //
 // # The wire
 //
-// Messages travel in bundles (EncodeBundle, DecodeBundle); headers encode
-// themselves with the Append* helpers and decode with a Reader, which
-// records the first error instead of panicking, so malformed input is
-// counted and dropped.
+// Messages travel in bundles (EncodeBundle, DecodeBundle). Headers encode
+// themselves with package wire's Append functions (and this package's for
+// its types: AppendAddress, AppendViewID, AppendDigest...) and decode with a
+// wire.Reader, which records the first error instead of panicking, so
+// malformed input is counted and dropped.
 package stack

@@ -3,6 +3,8 @@ package stack
 import (
 	"fmt"
 	"sync"
+
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Header is the per-message data one protocol adds: at most one header per
@@ -17,7 +19,7 @@ type Header interface {
 
 // HeaderDecoder decodes a header body. The reader holds exactly the body;
 // decoders read from it and return r.Err() or a wrapped ErrMalformed.
-type HeaderDecoder func(r *Reader) (Header, error)
+type HeaderDecoder func(r *wire.Reader) (Header, error)
 
 // HeaderType describes a protocol's header to RegisterHeader.
 type HeaderType struct {
@@ -93,7 +95,7 @@ func DecodeHeader(id uint16, body []byte) (Header, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: unknown header id %d", ErrMalformed, id)
 	}
-	r := NewReader(body)
+	r := wire.NewReader(body)
 	hdr, err := h.decode(r)
 	if err == nil {
 		err = r.Err()

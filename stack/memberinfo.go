@@ -1,6 +1,10 @@
 package stack
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/strata-go/strata/stack/wire"
+)
 
 // MemberInfo is what discovery learns of one member: its addresses, its
 // name, and the coordinator it knows. EvFindMembers returns a list of them.
@@ -18,9 +22,9 @@ const maxMemberName = 255
 // AppendMemberInfo appends mi's encoding (discovery and MERGE3 send it).
 func AppendMemberInfo(b []byte, mi MemberInfo) []byte {
 	b = AppendAddress(b, mi.Addr)
-	b = AppendString(b, mi.Name)
-	b = AppendAddrPort(b, mi.Physical)
-	b = AppendBool(b, mi.IsServer)
+	b = wire.AppendString(b, mi.Name)
+	b = wire.AppendAddrPort(b, mi.Physical)
+	b = wire.AppendBool(b, mi.IsServer)
 	if mi.IsServer {
 		b = AppendAddress(b, mi.Coord)
 	}
@@ -29,7 +33,7 @@ func AppendMemberInfo(b []byte, mi MemberInfo) []byte {
 
 // MemberInfoSize returns the encoded length of mi.
 func MemberInfoSize(mi MemberInfo) int {
-	n := AddressSize + UvarintSize(uint64(len(mi.Name))) + len(mi.Name) + AddrPortSize(mi.Physical) + 1
+	n := AddressSize + wire.UvarintSize(uint64(len(mi.Name))) + len(mi.Name) + wire.AddrPortSize(mi.Physical) + 1
 	if mi.IsServer {
 		n += AddressSize
 	}
@@ -37,10 +41,10 @@ func MemberInfoSize(mi MemberInfo) int {
 }
 
 // ReadMemberInfo reads a MemberInfo written by AppendMemberInfo.
-func ReadMemberInfo(r *Reader) MemberInfo {
-	mi := MemberInfo{Addr: r.Address(), Name: r.String(maxMemberName, "logical name"), Physical: r.AddrPort(), IsServer: r.Bool()}
+func ReadMemberInfo(r *wire.Reader) MemberInfo {
+	mi := MemberInfo{Addr: ReadAddress(r), Name: r.String(maxMemberName, "logical name"), Physical: r.AddrPort(), IsServer: r.Bool()}
 	if mi.IsServer {
-		mi.Coord = r.Address()
+		mi.Coord = ReadAddress(r)
 	}
 	return mi
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/netip"
 	"sync/atomic"
+
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Transport is the bottom layer of a stack: it puts messages on a network
@@ -194,7 +196,7 @@ func (t *TransportBase) Receive(data []byte, from netip.AddrPort) (BundleHeader,
 		t.counters.DroppedCluster.Add(1)
 		return BundleHeader{}, false
 	}
-	r := NewReader(data)
+	r := wire.NewReader(data)
 	h, err := ReadBundleHeader(r, cluster)
 	local := t.st.LocalAddress()
 	if err == nil && h.Src == local && h.Multicast {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // ViewID names one view: the member that created it and a sequence number
@@ -140,8 +142,8 @@ const (
 // level deep).
 func AppendView(b []byte, v *View) []byte {
 	b = AppendAddress(b, v.ID.Creator)
-	b = AppendUvarint(b, v.ID.Seq)
-	b = AppendUvarint(b, uint64(len(v.Members)))
+	b = wire.AppendUvarint(b, v.ID.Seq)
+	b = wire.AppendUvarint(b, uint64(len(v.Members)))
 	for _, m := range v.Members {
 		b = AppendAddress(b, m)
 	}
@@ -149,7 +151,7 @@ func AppendView(b []byte, v *View) []byte {
 		return append(b, 0)
 	}
 	b = append(b, 1)
-	b = AppendUvarint(b, uint64(len(v.Subgroups)))
+	b = wire.AppendUvarint(b, uint64(len(v.Subgroups)))
 	for _, s := range v.Subgroups {
 		sub := *s
 		sub.Subgroups = nil
@@ -159,11 +161,11 @@ func AppendView(b []byte, v *View) []byte {
 }
 
 // ReadView decodes a view written by AppendView.
-func ReadView(r *Reader) *View { return readView(r, true) }
+func ReadView(r *wire.Reader) *View { return readView(r, true) }
 
-func readView(r *Reader, allowMerge bool) *View {
+func readView(r *wire.Reader, allowMerge bool) *View {
 	v := &View{}
-	v.ID.Creator = r.Address()
+	v.ID.Creator = ReadAddress(r)
 	v.ID.Seq = r.Uvarint()
 	n := r.Uvarint()
 	if n > maxViewMembers || n*AddressSize > uint64(r.Len()) {
@@ -172,7 +174,7 @@ func readView(r *Reader, allowMerge bool) *View {
 	}
 	v.Members = make([]Address, n)
 	for i := range v.Members {
-		v.Members[i] = r.Address()
+		v.Members[i] = ReadAddress(r)
 	}
 	if r.Bool() {
 		if !allowMerge {
@@ -201,9 +203,9 @@ func readView(r *Reader, allowMerge bool) *View {
 
 // ViewSize returns the length of AppendView's encoding of v.
 func ViewSize(v *View) int {
-	n := AddressSize + UvarintSize(v.ID.Seq) + UvarintSize(uint64(len(v.Members))) + len(v.Members)*AddressSize + 1
+	n := AddressSize + wire.UvarintSize(v.ID.Seq) + wire.UvarintSize(uint64(len(v.Members))) + len(v.Members)*AddressSize + 1
 	if v.IsMerge() {
-		n += UvarintSize(uint64(len(v.Subgroups)))
+		n += wire.UvarintSize(uint64(len(v.Subgroups)))
 		for _, s := range v.Subgroups {
 			sub := *s
 			sub.Subgroups = nil

@@ -3,6 +3,8 @@ package stack
 import (
 	"errors"
 	"fmt"
+
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Wire format, version 1. All integers big-endian or varint.
@@ -56,15 +58,15 @@ func (m *Message) EncodedSize(bundleSrc Address) int {
 	}
 	m.EachHeader(func(_ uint16, h Header) {
 		s := h.Size()
-		n += 2 + UvarintSize(uint64(s)) + s
+		n += 2 + wire.UvarintSize(uint64(s)) + s
 	})
-	return n + UvarintSize(uint64(len(m.Payload))) + len(m.Payload)
+	return n + wire.UvarintSize(uint64(len(m.Payload))) + len(m.Payload)
 }
 
 // AppendMessage appends the encoding of m, as part of a bundle from
 // bundleSrc.
 func AppendMessage(b []byte, m *Message, bundleSrc Address) []byte {
-	b = AppendUint16(b, uint16(m.Flags))
+	b = wire.AppendUint16(b, uint16(m.Flags))
 	var lead byte
 	if !m.Dest.IsZero() {
 		lead |= leadDest
@@ -81,16 +83,16 @@ func AppendMessage(b []byte, m *Message, bundleSrc Address) []byte {
 	}
 	b = append(b, m.nh)
 	m.EachHeader(func(id uint16, h Header) {
-		b = AppendUint16(b, id)
-		b = AppendUvarint(b, uint64(h.Size()))
+		b = wire.AppendUint16(b, id)
+		b = wire.AppendUvarint(b, uint64(h.Size()))
 		b = h.AppendTo(b)
 	})
-	return AppendLenBytes(b, m.Payload)
+	return wire.AppendLenBytes(b, m.Payload)
 }
 
 // ReadMessage decodes one message written by AppendMessage. The payload
 // aliases the reader's buffer.
-func ReadMessage(r *Reader, bundleSrc Address) (*Message, error) {
+func ReadMessage(r *wire.Reader, bundleSrc Address) (*Message, error) {
 	m := &Message{}
 	m.Flags = Flags(r.Uint16())
 	if m.Flags&^flagsMask != 0 {
@@ -101,11 +103,11 @@ func ReadMessage(r *Reader, bundleSrc Address) (*Message, error) {
 		r.Fail("bad leading byte %#x", lead)
 	}
 	if lead&leadDest != 0 {
-		m.Dest = r.Address()
+		m.Dest = ReadAddress(r)
 	}
 	m.Src = bundleSrc
 	if lead&leadSrc != 0 {
-		m.Src = r.Address()
+		m.Src = ReadAddress(r)
 	}
 	nh := int(r.Uint8())
 	if nh > maxHeadersPerMsg {
@@ -129,16 +131,14 @@ func ReadMessage(r *Reader, bundleSrc Address) (*Message, error) {
 		}
 		// The decoder reads from r itself, limited to the body, so decoding
 		// allocates nothing beyond the header.
-		end, full := r.off+n, r.buf
-		r.buf = r.buf[:end]
+		bound := r.Limit(n)
 		h, err := t.decode(r)
 		if err == nil {
 			err = r.Err()
 		}
-		if err == nil && r.off != end {
-			err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, end-r.off)
+		if unread := r.Unlimit(bound); err == nil && unread != 0 {
+			err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, unread)
 		}
-		r.buf = full
 		if err != nil {
 			return nil, fmt.Errorf("header %s: %w", t.name, err)
 		}
@@ -169,7 +169,7 @@ func AppendBundleHeader(b []byte, cluster string, src Address, multicast bool, c
 		panic("stack: cluster name longer than 255 bytes")
 	}
 	b = append(b, wireMagic0, wireMagic1)
-	b = AppendUint16(b, WireVersion)
+	b = wire.AppendUint16(b, WireVersion)
 	var fl byte
 	if multicast {
 		fl |= bundleMulticast
@@ -198,7 +198,7 @@ func PatchBundleCount(b []byte, count int) {
 
 // ReadBundleHeader decodes a bundle preamble. If cluster is not empty, a
 // bundle for another cluster yields ErrWrongCluster (without allocating).
-func ReadBundleHeader(r *Reader, cluster string) (BundleHeader, error) {
+func ReadBundleHeader(r *wire.Reader, cluster string) (BundleHeader, error) {
 	var h BundleHeader
 	if r.Uint8() != wireMagic0 || r.Uint8() != wireMagic1 {
 		r.Fail("bad magic")
@@ -224,7 +224,7 @@ func ReadBundleHeader(r *Reader, cluster string) (BundleHeader, error) {
 	} else {
 		h.Cluster = string(name)
 	}
-	h.Src = r.Address()
+	h.Src = ReadAddress(r)
 	n := r.Uvarint()
 	if n > maxBundleCount || n > uint64(r.Len()) {
 		r.Fail("bundle count %d too large", n)
@@ -246,7 +246,7 @@ func EncodeBundle(b []byte, cluster string, src Address, multicast bool, msgs ..
 // reused while the messages live. A non-empty cluster filters as in
 // ReadBundleHeader.
 func DecodeBundle(buf []byte, cluster string) (BundleHeader, []*Message, error) {
-	r := NewReader(buf)
+	r := wire.NewReader(buf)
 	h, err := ReadBundleHeader(r, cluster)
 	if err != nil {
 		return h, nil, err
@@ -257,7 +257,7 @@ func DecodeBundle(buf []byte, cluster string) (BundleHeader, []*Message, error) 
 
 // readBundleMessages decodes the messages of a bundle whose header r has
 // read.
-func readBundleMessages(r *Reader, h BundleHeader) ([]*Message, error) {
+func readBundleMessages(r *wire.Reader, h BundleHeader) ([]*Message, error) {
 	msgs := make([]*Message, 0, h.Count)
 	for range h.Count {
 		m, err := ReadMessage(r, h.Src)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Test headers, registered under user ids, stand in for protocol headers.
@@ -24,9 +25,9 @@ type seqHdr struct {
 	First bool
 }
 
-func (h *seqHdr) Size() int { return stack.UvarintSize(h.Seq) + 1 }
+func (h *seqHdr) Size() int { return wire.UvarintSize(h.Seq) + 1 }
 func (h *seqHdr) AppendTo(b []byte) []byte {
-	return stack.AppendBool(stack.AppendUvarint(b, h.Seq), h.First)
+	return wire.AppendBool(wire.AppendUvarint(b, h.Seq), h.First)
 }
 
 type addrHdr struct{ A stack.Address }
@@ -36,12 +37,12 @@ func (h *addrHdr) AppendTo(b []byte) []byte { return stack.AppendAddress(b, h.A)
 
 type nameHdr struct{ Name string }
 
-func (h *nameHdr) Size() int                { return stack.UvarintSize(uint64(len(h.Name))) + len(h.Name) }
-func (h *nameHdr) AppendTo(b []byte) []byte { return stack.AppendString(b, h.Name) }
+func (h *nameHdr) Size() int                { return wire.UvarintSize(uint64(len(h.Name))) + len(h.Name) }
+func (h *nameHdr) AppendTo(b []byte) []byte { return wire.AppendString(b, h.Name) }
 
 func init() {
 	stack.RegisterHeader(stack.HeaderType{ID: idSeq, Name: "TEST_SEQ",
-		Decode: func(r *stack.Reader) (stack.Header, error) {
+		Decode: func(r *wire.Reader) (stack.Header, error) {
 			h := &seqHdr{Seq: r.Uvarint(), First: r.Bool()}
 			return h, r.Err()
 		},
@@ -49,12 +50,12 @@ func init() {
 			return []stack.Header{&seqHdr{}, &seqHdr{Seq: 1 << 40, First: true}}
 		}})
 	stack.RegisterHeader(stack.HeaderType{ID: idAddr, Name: "TEST_ADDR",
-		Decode: func(r *stack.Reader) (stack.Header, error) { return &addrHdr{A: r.Address()}, r.Err() },
+		Decode: func(r *wire.Reader) (stack.Header, error) { return &addrHdr{A: stack.ReadAddress(r)}, r.Err() },
 		Samples: func() []stack.Header {
 			return []stack.Header{&addrHdr{A: stack.NewAddress()}}
 		}})
 	stack.RegisterHeader(stack.HeaderType{ID: idName, Name: "TEST_NAME",
-		Decode: func(r *stack.Reader) (stack.Header, error) { return &nameHdr{Name: r.String(255, "name")}, r.Err() },
+		Decode: func(r *wire.Reader) (stack.Header, error) { return &nameHdr{Name: r.String(255, "name")}, r.Err() },
 		Samples: func() []stack.Header {
 			return []stack.Header{&nameHdr{}, &nameHdr{Name: "cluster-member-7"}}
 		}})
@@ -162,7 +163,7 @@ func TestViewRoundTrip(t *testing.T) {
 	v := stack.NewView(a, 5, a, b, c)
 	mv := stack.NewMergeView(b, 9, []stack.Address{b, a, c}, []*stack.View{stack.NewView(a, 5, a), stack.NewView(b, 3, b, c)})
 	for _, in := range []*stack.View{v, mv} {
-		r := stack.NewReader(stack.AppendView(nil, in))
+		r := wire.NewReader(stack.AppendView(nil, in))
 		out := stack.ReadView(r)
 		require.NoError(t, r.Err())
 		require.Equal(t, in, out)
@@ -210,7 +211,7 @@ func FuzzReadView(f *testing.F) {
 	f.Add(stack.AppendView(nil, stack.NewView(a, 1, a, b)))
 	f.Add(stack.AppendView(nil, stack.NewMergeView(a, 2, []stack.Address{a, b}, []*stack.View{stack.NewView(a, 1, a)})))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r := stack.NewReader(data)
+		r := wire.NewReader(data)
 		v := stack.ReadView(r)
 		if r.Err() != nil {
 			if !errors.Is(r.Err(), stack.ErrMalformed) {
@@ -218,7 +219,7 @@ func FuzzReadView(f *testing.F) {
 			}
 			return
 		}
-		r2 := stack.NewReader(stack.AppendView(nil, v))
+		r2 := wire.NewReader(stack.AppendView(nil, v))
 		if v2 := stack.ReadView(r2); r2.Err() != nil || v2.String() != v.String() {
 			t.Fatalf("view does not round-trip: %v vs %v (%v)", v, v2, r2.Err())
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures UFC and MFC.
@@ -58,15 +59,15 @@ type Header struct {
 }
 
 // Size returns the encoded length.
-func (h *Header) Size() int { return 1 + stack.UvarintSize(h.Credits) }
+func (h *Header) Size() int { return 1 + wire.UvarintSize(h.Credits) }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
-	return stack.AppendUvarint(append(b, h.Type), h.Credits)
+	return wire.AppendUvarint(append(b, h.Type), h.Credits)
 }
 
 // DecodeHeader reads a Header; unknown types are an error.
-func DecodeHeader(r *stack.Reader) (stack.Header, error) {
+func DecodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8(), Credits: r.Uvarint()}
 	if err := r.Err(); err != nil {
 		return nil, err

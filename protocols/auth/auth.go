@@ -30,6 +30,7 @@ import (
 
 	"github.com/strata-go/strata/internal/secret"
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures AUTH. The secret is read from secret_file or, if that
@@ -91,17 +92,17 @@ type Header struct {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return 1 + stack.UvarintSize(uint64(len(h.Nonce))) + len(h.Nonce) + stack.UvarintSize(uint64(len(h.MAC))) + len(h.MAC)
+	return 1 + wire.UvarintSize(uint64(len(h.Nonce))) + len(h.Nonce) + wire.UvarintSize(uint64(len(h.MAC))) + len(h.MAC)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
-	b = stack.AppendLenBytes(b, h.Nonce)
-	return stack.AppendLenBytes(b, h.MAC)
+	b = wire.AppendLenBytes(b, h.Nonce)
+	return wire.AppendLenBytes(b, h.MAC)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	h.Nonce = append([]byte(nil), r.LenBytes(nonceLen, "AUTH nonce")...)
 	h.MAC = append([]byte(nil), r.LenBytes(sha256.Size, "AUTH mac")...)

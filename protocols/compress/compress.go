@@ -15,6 +15,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures COMPRESS.
@@ -65,14 +66,14 @@ type Header struct {
 }
 
 // Size returns the encoded length.
-func (h *Header) Size() int { return 1 + stack.UvarintSize(h.Len) }
+func (h *Header) Size() int { return 1 + wire.UvarintSize(h.Len) }
 
 // AppendTo appends the encoding.
-func (h *Header) AppendTo(b []byte) []byte { return stack.AppendUvarint(append(b, h.Codec), h.Len) }
+func (h *Header) AppendTo(b []byte) []byte { return wire.AppendUvarint(append(b, h.Codec), h.Len) }
 
 func (h *Header) String() string { return fmt.Sprintf("COMPRESS codec=%d len=%d", h.Codec, h.Len) }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Codec: r.Uint8(), Len: r.Uvarint()}
 	if err := r.Err(); err != nil {
 		return nil, err

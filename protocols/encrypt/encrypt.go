@@ -39,6 +39,7 @@ import (
 
 	"github.com/strata-go/strata/internal/secret"
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures ENCRYPT. The key is read from key_file or, if that is
@@ -97,17 +98,17 @@ func (h *Header) Size() int { return 20 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
-	b = stack.AppendUint32(b, h.KeyID)
-	b = stack.AppendUint32(b, h.Prefix)
-	b = stack.AppendUint32(b, h.Time)
-	return stack.AppendUint64(b, h.Counter)
+	b = wire.AppendUint32(b, h.KeyID)
+	b = wire.AppendUint32(b, h.Prefix)
+	b = wire.AppendUint32(b, h.Time)
+	return wire.AppendUint64(b, h.Counter)
 }
 
 func (h *Header) String() string {
 	return fmt.Sprintf("ENCRYPT key=%08x nonce=%08x/%d t=%d", h.KeyID, h.Prefix, h.Counter, h.Time)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{KeyID: r.Uint32(), Prefix: r.Uint32(), Time: r.Uint32(), Counter: r.Uint64()}
 	return h, r.Err()
 }
@@ -265,10 +266,10 @@ func aad(dst []byte, h *Header, src, dest stack.Address, flags stack.Flags, phys
 	dst = h.AppendTo(dst)
 	dst = stack.AppendAddress(dst, src)
 	dst = stack.AppendAddress(dst, dest)
-	dst = stack.AppendUint16(dst, uint16(flags))
+	dst = wire.AppendUint16(dst, uint16(flags))
 	ip := phys.Addr().As16()
 	dst = append(dst, ip[:]...)
-	return stack.AppendUint16(dst, phys.Port())
+	return wire.AppendUint16(dst, phys.Port())
 }
 
 // scratch holds a message's nonce and additional data while it is sealed
@@ -402,7 +403,7 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 		e.replays.Add(1)
 		return nil
 	}
-	in, err := stack.ReadMessage(stack.NewReader(pt), m.Src)
+	in, err := stack.ReadMessage(wire.NewReader(pt), m.Src)
 	if err != nil || in.Dest != m.Dest || in.Flags != m.Flags {
 		e.malformed.Add(1)
 		return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 func newKey(t testing.TB) []byte {
@@ -155,13 +156,13 @@ func TestFlippedBitAnywhereIsDropped(t *testing.T) {
 		require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(addrs[1], []byte("the secret"))))
 		synctest.Wait()
 		require.Len(t, cap.msgs, 1)
-		wire := stack.AppendMessage(nil, cap.msgs[0], addrs[0])
+		enc := stack.AppendMessage(nil, cap.msgs[0], addrs[0])
 		decoded, rejected := 0, 0
-		for i := range wire {
+		for i := range enc {
 			for bit := range 8 {
-				b := bytes.Clone(wire)
+				b := bytes.Clone(enc)
 				b[i] ^= 1 << bit
-				m, err := stack.ReadMessage(stack.NewReader(b), addrs[0])
+				m, err := stack.ReadMessage(wire.NewReader(b), addrs[0])
 				if err != nil {
 					rejected++ // the transport counts it as malformed
 					continue
@@ -178,7 +179,7 @@ func TestFlippedBitAnywhereIsDropped(t *testing.T) {
 		}
 		require.EqualValues(t, decoded, dropped, "every altered copy that decodes is dropped and counted by ENCRYPT")
 		require.Positive(t, decoded)
-		t.Logf("%d bytes × 8 bits: %d rejected by the wire decoder, %d by ENCRYPT", len(wire), rejected, decoded)
+		t.Logf("%d bytes × 8 bits: %d rejected by the wire decoder, %d by ENCRYPT", len(enc), rejected, decoded)
 	})
 }
 

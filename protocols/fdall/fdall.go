@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures FD_ALL.
@@ -59,7 +60,7 @@ type heartbeat struct{}
 func (heartbeat) Size() int                { return 0 }
 func (heartbeat) AppendTo(b []byte) []byte { return b }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	if r.Len() != 0 {
 		r.Fail("FD_ALL heartbeat with a %d-byte body", r.Len())
 		return nil, r.Err()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Message types.
@@ -59,16 +60,16 @@ func hasDigest(t uint8) bool { return t == typeCompleted || t == typeReconcile }
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	n := 1 + stack.AddressSize + stack.UvarintSize(h.Round.N)
+	n := 1 + stack.AddressSize + wire.UvarintSize(h.Round.N)
 	switch {
 	case h.Type == typeStart:
-		n += 1 + stack.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
+		n += 1 + wire.UvarintSize(uint64(len(h.Participants))) + len(h.Participants)*stack.AddressSize
 	case h.Type == typeStop:
 		n += stack.ViewIDSize(h.View)
 	case hasDigest(h.Type):
 		n += stack.DigestSize(h.Digest)
 		if h.Type == typeReconcile {
-			n += stack.UvarintSize(uint64(len(h.From))) + len(h.From)*stack.AddressSize
+			n += wire.UvarintSize(uint64(len(h.From))) + len(h.From)*stack.AddressSize
 		}
 	}
 	return n
@@ -78,11 +79,11 @@ func (h *Header) Size() int {
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
 	b = stack.AppendAddress(b, h.Round.Initiator)
-	b = stack.AppendUvarint(b, h.Round.N)
+	b = wire.AppendUvarint(b, h.Round.N)
 	switch {
 	case h.Type == typeStart:
-		b = stack.AppendBool(b, h.ViewChange)
-		b = stack.AppendUvarint(b, uint64(len(h.Participants)))
+		b = wire.AppendBool(b, h.ViewChange)
+		b = wire.AppendUvarint(b, uint64(len(h.Participants)))
 		for _, p := range h.Participants {
 			b = stack.AppendAddress(b, p)
 		}
@@ -91,7 +92,7 @@ func (h *Header) AppendTo(b []byte) []byte {
 	case hasDigest(h.Type):
 		b = stack.AppendDigest(b, h.Digest)
 		if h.Type == typeReconcile {
-			b = stack.AppendUvarint(b, uint64(len(h.From)))
+			b = wire.AppendUvarint(b, uint64(len(h.From)))
 			for _, a := range h.From {
 				b = stack.AppendAddress(b, a)
 			}
@@ -100,12 +101,12 @@ func (h *Header) AppendTo(b []byte) []byte {
 	return b
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	if r.Err() == nil && (h.Type == 0 || h.Type > maxType) {
 		r.Fail("FLUSH message type %d", h.Type)
 	}
-	h.Round = RoundID{Initiator: r.Address(), N: r.Uvarint()}
+	h.Round = RoundID{Initiator: stack.ReadAddress(r), N: r.Uvarint()}
 	switch {
 	case h.Type == typeStart:
 		h.ViewChange = r.Bool()
@@ -116,10 +117,10 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		}
 		h.Participants = make([]stack.Address, n)
 		for i := range h.Participants {
-			h.Participants[i] = r.Address()
+			h.Participants[i] = stack.ReadAddress(r)
 		}
 	case h.Type == typeStop:
-		h.View = r.ViewID()
+		h.View = stack.ReadViewID(r)
 	case hasDigest(h.Type):
 		h.Digest = stack.ReadDigest(r)
 		if h.Type != typeReconcile || r.Err() != nil {
@@ -132,7 +133,7 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		}
 		h.From = make([]stack.Address, n)
 		for i := range h.From {
-			h.From[i] = r.Address()
+			h.From[i] = stack.ReadAddress(r)
 		}
 	}
 	if err := r.Err(); err != nil {

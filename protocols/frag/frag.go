@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures FRAG.
@@ -69,18 +70,18 @@ type Header struct {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return stack.UvarintSize(h.ID) + stack.UvarintSize(uint64(h.Index)) + stack.UvarintSize(uint64(h.Count)) + stack.UvarintSize(h.Total)
+	return wire.UvarintSize(h.ID) + wire.UvarintSize(uint64(h.Index)) + wire.UvarintSize(uint64(h.Count)) + wire.UvarintSize(h.Total)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
-	b = stack.AppendUvarint(b, h.ID)
-	b = stack.AppendUvarint(b, uint64(h.Index))
-	b = stack.AppendUvarint(b, uint64(h.Count))
-	return stack.AppendUvarint(b, h.Total)
+	b = wire.AppendUvarint(b, h.ID)
+	b = wire.AppendUvarint(b, uint64(h.Index))
+	b = wire.AppendUvarint(b, uint64(h.Count))
+	return wire.AppendUvarint(b, h.Total)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{ID: r.Uvarint()}
 	idx, cnt := r.Uvarint(), r.Uvarint()
 	h.Total = r.Uvarint()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Message types.
@@ -108,13 +109,13 @@ func (h *Header) Size() int {
 		n += stack.ViewIDSize(h.ViewID)
 	}
 	if bits&hasMergeID != 0 {
-		n += stack.AddressSize + stack.UvarintSize(h.MergeID.N)
+		n += stack.AddressSize + wire.UvarintSize(h.MergeID.N)
 	}
 	if bits&hasCoord != 0 {
 		n += stack.AddressSize
 	}
 	if bits&hasFail != 0 {
-		n += stack.UvarintSize(uint64(len(h.Fail))) + len(h.Fail)
+		n += wire.UvarintSize(uint64(len(h.Fail))) + len(h.Fail)
 	}
 	return n
 }
@@ -134,18 +135,18 @@ func (h *Header) AppendTo(b []byte) []byte {
 	}
 	if bits&hasMergeID != 0 {
 		b = stack.AppendAddress(b, h.MergeID.Leader)
-		b = stack.AppendUvarint(b, h.MergeID.N)
+		b = wire.AppendUvarint(b, h.MergeID.N)
 	}
 	if bits&hasCoord != 0 {
 		b = stack.AppendAddress(b, h.Coord)
 	}
 	if bits&hasFail != 0 {
-		b = stack.AppendString(b, h.Fail)
+		b = wire.AppendString(b, h.Fail)
 	}
 	return b
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	bits := r.Uint8()
 	if r.Err() == nil && (h.Type == 0 || h.Type > maxType) {
@@ -161,13 +162,13 @@ func decodeHeader(r *stack.Reader) (stack.Header, error) {
 		}
 	}
 	if bits&hasViewID != 0 {
-		h.ViewID = r.ViewID()
+		h.ViewID = stack.ReadViewID(r)
 	}
 	if bits&hasMergeID != 0 {
-		h.MergeID = MergeID{Leader: r.Address(), N: r.Uvarint()}
+		h.MergeID = MergeID{Leader: stack.ReadAddress(r), N: r.Uvarint()}
 	}
 	if bits&hasCoord != 0 {
-		h.Coord = r.Address()
+		h.Coord = stack.ReadAddress(r)
 	}
 	if bits&hasFail != 0 {
 		h.Fail = r.String(maxFail, "GMS refusal")

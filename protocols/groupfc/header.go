@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Message types: data (as TIPC's GRP_BCAST, GRP_MCAST, GRP_UCAST) and the
@@ -55,19 +56,19 @@ func isData(t uint8) bool { return t == typeBcast || t == typeMcast || t == type
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return 2 + stack.UvarintSize(h.Seqno) + stack.UvarintSize(h.Instance) + stack.UvarintSize(h.N)
+	return 2 + wire.UvarintSize(h.Seqno) + wire.UvarintSize(h.Instance) + wire.UvarintSize(h.N)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
-	b = stack.AppendBool(b, h.AckReq)
-	b = stack.AppendUvarint(b, h.Seqno)
-	b = stack.AppendUvarint(b, h.Instance)
-	return stack.AppendUvarint(b, h.N)
+	b = wire.AppendBool(b, h.AckReq)
+	b = wire.AppendUvarint(b, h.Seqno)
+	b = wire.AppendUvarint(b, h.Instance)
+	return wire.AppendUvarint(b, h.N)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8(), AckReq: r.Bool(), Seqno: r.Uvarint(), Instance: r.Uvarint(), N: r.Uvarint()}
 	if err := r.Err(); err != nil {
 		return nil, err

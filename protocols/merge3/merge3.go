@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures MERGE3.
@@ -90,8 +91,8 @@ func (h *Header) AppendTo(b []byte) []byte {
 	return stack.AppendMemberInfo(b, h.Info)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
-	h := &Header{ViewID: r.ViewID()}
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
+	h := &Header{ViewID: stack.ReadViewID(r)}
 	h.Info = stack.ReadMemberInfo(r)
 	if err := r.Err(); err != nil {
 		return nil, err

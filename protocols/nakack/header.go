@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 type hdrType uint8
@@ -52,28 +53,28 @@ func (h *Header) String() string {
 // Size returns the encoded length.
 func (h *Header) Size() int {
 	if h.Type != typeXmitReq {
-		return 1 + stack.UvarintSize(h.Seqno)
+		return 1 + wire.UvarintSize(h.Seqno)
 	}
-	return 1 + stack.AddressSize + stack.SeqnoListSize(h.Missing)
+	return 1 + stack.AddressSize + wire.SeqnoListSize(h.Missing)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, byte(h.Type))
 	if h.Type != typeXmitReq {
-		return stack.AppendUvarint(b, h.Seqno)
+		return wire.AppendUvarint(b, h.Seqno)
 	}
 	b = stack.AppendAddress(b, h.Sender)
-	return stack.AppendSeqnoList(b, h.Missing)
+	return wire.AppendSeqnoList(b, h.Missing)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: hdrType(r.Uint8())}
 	switch h.Type {
 	case typeMsg, typeXmitRsp, typeHighestSeqno, typePurged:
 		h.Seqno = r.Uvarint()
 	case typeXmitReq:
-		h.Sender = r.Address()
+		h.Sender = stack.ReadAddress(r)
 		h.Missing = r.SeqnoList()
 	default:
 		r.Fail("unknown NAKACK header type %d", h.Type)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures NAKACK.
@@ -37,8 +38,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.XmitInterval <= 0:
 		return stack.BadKey("xmit_interval", "must be > 0, got %s", c.XmitInterval)
-	case c.MaxXmitReq < 1 || c.MaxXmitReq > stack.MaxSeqnoList:
-		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", stack.MaxSeqnoList, c.MaxXmitReq)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > wire.MaxSeqnoList:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", wire.MaxSeqnoList, c.MaxXmitReq)
 	case c.MaxBuffered < 0:
 		return stack.BadKey("max_buffered_bytes", "must be >= 0, got %d", c.MaxBuffered)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/strata-go/strata/protocols/stable"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 func nakCfg() nakack.Config {
@@ -203,7 +204,7 @@ func TestDigestGetAndSet(t *testing.T) {
 		e, ok := d.Get(a.Address())
 		require.True(t, ok)
 		require.Equal(t, uint64(5), e.HighestDelivered)
-		r := stack.NewReader(stack.AppendDigest(nil, d))
+		r := wire.NewReader(stack.AppendDigest(nil, d))
 		require.Equal(t, d, stack.ReadDigest(r))
 		require.NoError(t, r.Err())
 	})

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Message types.
@@ -39,14 +40,14 @@ func (h *Header) AppendTo(b []byte) []byte {
 	return b
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	if h.Type != typeRequest && h.Type != typeResponse && r.Err() == nil {
 		r.Fail("discovery message type %d", h.Type)
 	}
 	h.Info = stack.ReadMemberInfo(r)
 	if h.Type == typeRequest {
-		h.Target = r.Address()
+		h.Target = stack.ReadAddress(r)
 	}
 	if err := r.Err(); err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures STABLE.
@@ -70,8 +71,8 @@ func (h *Header) AppendTo(b []byte) []byte {
 	return stack.AppendDigest(b, h.Digest)
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
-	h := &Header{ViewID: r.ViewID()}
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
+	h := &Header{ViewID: stack.ReadViewID(r)}
 	h.Digest = stack.ReadDigest(r)
 	if err := r.Err(); err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures STATE_TRANSFER.
@@ -80,12 +81,12 @@ type Header struct {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	n := 1 + stack.UvarintSize(h.ID)
+	n := 1 + wire.UvarintSize(h.ID)
 	switch h.Type {
 	case typeCredit:
-		n += stack.UvarintSize(h.N)
+		n += wire.UvarintSize(h.N)
 	case typeEnd:
-		n += stack.UvarintSize(uint64(len(h.Err))) + len(h.Err)
+		n += wire.UvarintSize(uint64(len(h.Err))) + len(h.Err)
 	}
 	return n
 }
@@ -93,17 +94,17 @@ func (h *Header) Size() int {
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
-	b = stack.AppendUvarint(b, h.ID)
+	b = wire.AppendUvarint(b, h.ID)
 	switch h.Type {
 	case typeCredit:
-		b = stack.AppendUvarint(b, h.N)
+		b = wire.AppendUvarint(b, h.N)
 	case typeEnd:
-		b = stack.AppendString(b, h.Err)
+		b = wire.AppendString(b, h.Err)
 	}
 	return b
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8(), ID: r.Uvarint()}
 	switch h.Type {
 	case typeReq, typeChunk, typeCancel:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // hdrType is the kind of a UNICAST2 message.
@@ -61,13 +62,13 @@ func (h *Header) Size() int {
 	n := 1
 	switch h.Type {
 	case typeData:
-		n += stack.UvarintSize(h.Seqno) + 2 + 1
+		n += wire.UvarintSize(h.Seqno) + 2 + 1
 	case typeXmitReq:
-		n += 2 + stack.SeqnoListSize(h.Missing)
+		n += 2 + wire.SeqnoListSize(h.Missing)
 	case typeSendFirstSeqno:
 		n += 4
 	case typeStable:
-		n += 2 + stack.UvarintSize(h.HD) + stack.UvarintSize(h.HR) + 4
+		n += 2 + wire.UvarintSize(h.HD) + wire.UvarintSize(h.HR) + 4
 	}
 	return n
 }
@@ -77,24 +78,24 @@ func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, byte(h.Type))
 	switch h.Type {
 	case typeData:
-		b = stack.AppendUvarint(b, h.Seqno)
-		b = stack.AppendUint16(b, h.ConnID)
-		b = stack.AppendBool(b, h.First)
+		b = wire.AppendUvarint(b, h.Seqno)
+		b = wire.AppendUint16(b, h.ConnID)
+		b = wire.AppendBool(b, h.First)
 	case typeXmitReq:
-		b = stack.AppendUint16(b, h.ConnID)
-		b = stack.AppendSeqnoList(b, h.Missing)
+		b = wire.AppendUint16(b, h.ConnID)
+		b = wire.AppendSeqnoList(b, h.Missing)
 	case typeSendFirstSeqno:
-		b = stack.AppendUint32(b, h.Timestamp)
+		b = wire.AppendUint32(b, h.Timestamp)
 	case typeStable:
-		b = stack.AppendUint16(b, h.ConnID)
-		b = stack.AppendUvarint(b, h.HD)
-		b = stack.AppendUvarint(b, h.HR)
-		b = stack.AppendUint32(b, h.Timestamp)
+		b = wire.AppendUint16(b, h.ConnID)
+		b = wire.AppendUvarint(b, h.HD)
+		b = wire.AppendUvarint(b, h.HR)
+		b = wire.AppendUint32(b, h.Timestamp)
 	}
 	return b
 }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: hdrType(r.Uint8())}
 	switch h.Type {
 	case typeData:

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures UNICAST2.
@@ -62,8 +63,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_stable_msgs", "must be >= 1, got %d", c.MaxStableMsgs)
 	case c.MaxBytes <= 0:
 		return stack.BadKey("max_bytes", "must be > 0, got %d", c.MaxBytes)
-	case c.MaxXmitReq < 1 || c.MaxXmitReq > stack.MaxSeqnoList:
-		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", stack.MaxSeqnoList, c.MaxXmitReq)
+	case c.MaxXmitReq < 1 || c.MaxXmitReq > wire.MaxSeqnoList:
+		return stack.BadKey("max_xmit_req", "must be 1..%d, got %d", wire.MaxSeqnoList, c.MaxXmitReq)
 	case c.ConnExpiry < 0:
 		return stack.BadKey("conn_expiry_timeout", "must not be negative (0 disables), got %s", c.ConnExpiry)
 	case c.ConnCloseTimeout <= 0:

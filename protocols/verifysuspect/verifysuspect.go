@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 // Config configures VERIFY_SUSPECT.
@@ -63,7 +64,7 @@ func (h *Header) Size() int { return 1 }
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte { return append(b, h.Type) }
 
-func decodeHeader(r *stack.Reader) (stack.Header, error) {
+func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	if r.Err() == nil && h.Type != areYouDead && h.Type != iAmNotDead {
 		r.Fail("VERIFY_SUSPECT type %d", h.Type)
