@@ -56,15 +56,15 @@ type TransportBase struct {
 
 // TransportCounters are the statistics every transport keeps.
 type TransportCounters struct {
-	MsgsSent         atomic.Int64
-	MsgsReceived     atomic.Int64
-	BundlesReceived  atomic.Int64
-	Loopbacks        atomic.Int64
-	DroppedMalformed atomic.Int64
-	DroppedVersion   atomic.Int64
-	DroppedCluster   atomic.Int64
-	DroppedOwn       atomic.Int64
-	DroppedNotForUs  atomic.Int64
+	MsgsSent         atomic.Int64 `stat:"msgs_sent"`
+	MsgsReceived     atomic.Int64 `stat:"msgs_received"`
+	BundlesReceived  atomic.Int64 `stat:"bundles_received"`
+	Loopbacks        atomic.Int64 `stat:"loopbacks"`
+	DroppedMalformed atomic.Int64 `stat:"dropped_malformed"`
+	DroppedVersion   atomic.Int64 `stat:"dropped_wrong_version"`
+	DroppedCluster   atomic.Int64 `stat:"dropped_wrong_cluster"`
+	DroppedOwn       atomic.Int64 `stat:"dropped_own_multicast"`
+	DroppedNotForUs  atomic.Int64 `stat:"dropped_not_for_us"`
 
 	// Per lane (index: Lane): messages and payload bytes.
 	LaneMsgsSent  [numLanes]atomic.Int64
@@ -95,22 +95,16 @@ func (t *TransportBase) Counters() *TransportCounters { return &t.counters }
 // Stats reports the shared transport counters.
 func (t *TransportBase) Stats() []Stat {
 	c := &t.counters
-	out := []Stat{
-		{"msgs_sent", c.MsgsSent.Load()},
-		{"msgs_received", c.MsgsReceived.Load()},
-		{"bundles_received", c.BundlesReceived.Load()},
-		{"loopbacks", c.Loopbacks.Load()},
-		{"dropped_malformed", c.DroppedMalformed.Load()},
-		{"dropped_wrong_version", c.DroppedVersion.Load()},
-		{"dropped_wrong_cluster", c.DroppedCluster.Load()},
-		{"dropped_own_multicast", c.DroppedOwn.Load()},
-		{"dropped_not_for_us", c.DroppedNotForUs.Load()},
+	out := CounterStats(c)
+	if t.st != nil { // in a stack
+		out = append(out, Stat{"queued_bytes_peak", t.st.lanes.peak.Load()})
+		for l := range numLanes {
+			out = append(out, Stat{"dropped_queue_full_" + Lane(l).String(), t.st.lanes.dropped[l].Load()})
+		}
 	}
-	out = append(out, Stat{"queued_bytes_peak", t.st.lanes.peak.Load()})
 	for l := range numLanes {
 		name := Lane(l).String()
 		out = append(out,
-			Stat{"dropped_queue_full_" + name, t.st.lanes.dropped[l].Load()},
 			Stat{"msgs_sent_" + name, c.LaneMsgsSent[l].Load()},
 			Stat{"bytes_sent_" + name, c.LaneBytesSent[l].Load()},
 			Stat{"msgs_received_" + name, c.LaneMsgsRecv[l].Load()},

@@ -98,7 +98,14 @@ type FlowControl struct {
 	waiting  int  // senders blocked for credits right now
 	recalled bool // a layer above closed its gate: senders do not wait here (EvRecallSenders)
 
-	blockings, blockedNanos, requestsSent, requestsRecv, creditsSent, creditsRecv, extraGrants, ignored atomic.Int64
+	blockings    atomic.Int64 `stat:"blockings"`
+	blockedNanos atomic.Int64 `stat:"blocked_time_ns"`
+	requestsSent atomic.Int64 `stat:"credit_requests_sent"`
+	requestsRecv atomic.Int64 `stat:"credit_requests_received"`
+	creditsSent  atomic.Int64 `stat:"credits_sent"`
+	creditsRecv  atomic.Int64 `stat:"credits_received"`
+	extraGrants  atomic.Int64 `stat:"credits_granted_on_request"`
+	ignored      atomic.Int64 `stat:"credit_msgs_ignored"`
 }
 
 // recvState is a receiver's account of one sender.
@@ -456,17 +463,9 @@ func (f *FlowControl) Stats() []stack.Stat {
 		}
 	}
 	f.mu.Unlock()
-	return []stack.Stat{
-		{Name: "min_credits_left", Value: max(least, 0)},
-		{Name: "blockings", Value: f.blockings.Load()},
-		{Name: "blocked_time_ns", Value: f.blockedNanos.Load()},
-		{Name: "credit_requests_sent", Value: f.requestsSent.Load()},
-		{Name: "credit_requests_received", Value: f.requestsRecv.Load()},
-		{Name: "credits_sent", Value: f.creditsSent.Load()},
-		{Name: "credits_received", Value: f.creditsRecv.Load()},
-		{Name: "credits_granted_on_request", Value: f.extraGrants.Load()},
-		{Name: "credit_msgs_ignored", Value: f.ignored.Load()},
-	}
+	return append(stack.CounterStats(f),
+		stack.Stat{Name: "min_credits_left", Value: max(least, 0)},
+	)
 }
 
 // String names the layer, for logs.

@@ -35,6 +35,30 @@ func TestEveryRegisteredProtocolHasDocumentedKeys(t *testing.T) {
 	}
 }
 
+// TestEveryProtocolsStatsHaveDistinctNames builds every registered
+// protocol from its defaults: the stats it reports (counters declared with
+// stat tags, and gauges) have names, and no name twice.
+func TestEveryProtocolsStatsHaveDistinctNames(t *testing.T) {
+	reporters := 0
+	for _, pt := range stack.Registered() {
+		p, err := pt.Build(pt.DefaultConfig())
+		require.NoError(t, err, pt.Name)
+		sr, ok := p.(stack.StatsReporter)
+		if !ok {
+			continue
+		}
+		reporters++
+		seen := map[string]bool{}
+		for _, st := range sr.Stats() {
+			require.NotEmpty(t, st.Name, pt.Name)
+			require.False(t, seen[st.Name], "%s reports %s twice", pt.Name, st.Name)
+			seen[st.Name] = true
+		}
+		require.NotEmpty(t, seen, pt.Name)
+	}
+	require.GreaterOrEqual(t, reporters, 19)
+}
+
 // FuzzShippedHeaders feeds every shipped protocol's header decoder.
 func FuzzShippedHeaders(f *testing.F) {
 	for id := range stack.HeaderIDs() {

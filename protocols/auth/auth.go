@@ -133,8 +133,13 @@ type Auth struct {
 	proved  map[stack.Address]bool // coordinators whose challenge proved the secret
 	doubted map[stack.Address]bool // coordinators whose REJECT waits out the grace
 
-	challenges, accepted, rejected, refusedHere, ignored atomic.Int64
-	badChallenges, forgedRejects                         atomic.Int64
+	challenges    atomic.Int64 `stat:"challenges_sent"`
+	accepted      atomic.Int64 `stat:"joiners_accepted"`
+	rejected      atomic.Int64 `stat:"joiners_rejected"`
+	refusedHere   atomic.Int64 `stat:"rejected_here"`
+	ignored       atomic.Int64 `stat:"ignored"`
+	badChallenges atomic.Int64 `stat:"challenges_without_proof"`
+	forgedRejects atomic.Int64 `stat:"forged_rejects_ignored"`
 }
 
 var _ stack.Protocol = (*Auth)(nil)
@@ -350,13 +355,5 @@ func (a *Auth) joined() bool { return a.View() != nil }
 
 // Stats reports AUTH's counters.
 func (a *Auth) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "challenges_sent", Value: a.challenges.Load()},
-		{Name: "joiners_accepted", Value: a.accepted.Load()},
-		{Name: "joiners_rejected", Value: a.rejected.Load()},
-		{Name: "rejected_here", Value: a.refusedHere.Load()},
-		{Name: "ignored", Value: a.ignored.Load()},
-		{Name: "challenges_without_proof", Value: a.badChallenges.Load()},
-		{Name: "forged_rejects_ignored", Value: a.forgedRejects.Load()},
-	}
+	return stack.CounterStats(a)
 }

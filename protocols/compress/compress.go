@@ -93,7 +93,12 @@ type Compress struct {
 	enc  *zstd.Encoder // safe for concurrent EncodeAll
 	dec  *zstd.Decoder // safe for concurrent DecodeAll
 
-	compressed, skipped, bytesIn, bytesOut, decompressed, rejected atomic.Int64
+	compressed   atomic.Int64 `stat:"compressed"`
+	skipped      atomic.Int64 `stat:"sent_uncompressed"`
+	bytesIn      atomic.Int64 `stat:"bytes_before"`
+	bytesOut     atomic.Int64 `stat:"bytes_after"`
+	decompressed atomic.Int64 `stat:"decompressed"`
+	rejected     atomic.Int64 `stat:"rejected"`
 }
 
 var _ stack.Protocol = (*Compress)(nil)
@@ -232,12 +237,5 @@ func (c *Compress) decode(h *Header, p []byte) ([]byte, error) {
 
 // Stats reports COMPRESS's counters.
 func (c *Compress) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "compressed", Value: c.compressed.Load()},
-		{Name: "sent_uncompressed", Value: c.skipped.Load()},
-		{Name: "bytes_before", Value: c.bytesIn.Load()},
-		{Name: "bytes_after", Value: c.bytesOut.Load()},
-		{Name: "decompressed", Value: c.decompressed.Load()},
-		{Name: "rejected", Value: c.rejected.Load()},
-	}
+	return stack.CounterStats(c)
 }

@@ -51,7 +51,7 @@ type Delay struct {
 	cfg     Config
 	mu      sync.Mutex
 	rng     *rand.Rand
-	delayed atomic.Int64
+	delayed atomic.Int64 `stat:"delayed"`
 }
 
 var _ stack.Protocol = (*Delay)(nil)
@@ -110,4 +110,4 @@ func (d *Delay) UpBatch(b *stack.Batch) {
 }
 
 // Stats reports how many messages were held.
-func (d *Delay) Stats() []stack.Stat { return []stack.Stat{{Name: "delayed", Value: d.delayed.Load()}} }
+func (d *Delay) Stats() []stack.Stat { return stack.CounterStats(d) }

@@ -54,8 +54,8 @@ type Discard struct {
 	upRate   float64
 	downRate float64
 
-	droppedUp   atomic.Int64
-	droppedDown atomic.Int64
+	droppedUp   atomic.Int64 `stat:"dropped_up"`
+	droppedDown atomic.Int64 `stat:"dropped_down"`
 }
 
 var _ stack.Protocol = (*Discard)(nil)
@@ -140,5 +140,5 @@ func (d *Discard) UpBatch(b *stack.Batch) {
 
 // Stats reports the drop counters.
 func (d *Discard) Stats() []stack.Stat {
-	return []stack.Stat{{Name: "dropped_up", Value: d.droppedUp.Load()}, {Name: "dropped_down", Value: d.droppedDown.Load()}}
+	return stack.CounterStats(d)
 }

@@ -179,7 +179,14 @@ type Encrypt struct {
 	learner atomic.Pointer[stack.AddressLearner] // the transport, told where proven senders are
 	phys    atomic.Pointer[netip.AddrPort]       // this member's network address, sealed into every message
 
-	encrypted, decrypted, authFailures, replays, stale, unknownKey, unencrypted, malformed atomic.Int64
+	encrypted    atomic.Int64 `stat:"encrypted"`
+	decrypted    atomic.Int64 `stat:"decrypted"`
+	authFailures atomic.Int64 `stat:"auth_failures"`
+	replays      atomic.Int64 `stat:"replays"`
+	stale        atomic.Int64 `stat:"stale"`
+	unknownKey   atomic.Int64 `stat:"unknown_key"`
+	unencrypted  atomic.Int64 `stat:"unencrypted"`
+	malformed    atomic.Int64 `stat:"malformed"`
 }
 
 var _ stack.SourceAuthenticator = (*Encrypt)(nil)
@@ -485,14 +492,5 @@ func (w *window) test(i uint64) bool { return w.bits[i/64]&(1<<(i%64)) != 0 }
 
 // Stats reports ENCRYPT's counters.
 func (e *Encrypt) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "encrypted", Value: e.encrypted.Load()},
-		{Name: "decrypted", Value: e.decrypted.Load()},
-		{Name: "auth_failures", Value: e.authFailures.Load()},
-		{Name: "replays", Value: e.replays.Load()},
-		{Name: "stale", Value: e.stale.Load()},
-		{Name: "unknown_key", Value: e.unknownKey.Load()},
-		{Name: "unencrypted", Value: e.unencrypted.Load()},
-		{Name: "malformed", Value: e.malformed.Load()},
-	}
+	return stack.CounterStats(e)
 }

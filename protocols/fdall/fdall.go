@@ -78,7 +78,10 @@ type FDAll struct {
 	last      map[stack.Address]*atomic.Int64 // unix nanos of the last message heard
 	suspected map[stack.Address]bool          // guarded by mu (write lock)
 
-	sent, received, suspicions, unsuspicions atomic.Int64
+	sent         atomic.Int64 `stat:"heartbeats_sent"`
+	received     atomic.Int64 `stat:"heartbeats_received"`
+	suspicions   atomic.Int64 `stat:"suspicions"`
+	unsuspicions atomic.Int64 `stat:"unsuspicions"`
 }
 
 var _ stack.Protocol = (*FDAll)(nil)
@@ -225,10 +228,5 @@ func (f *FDAll) setView(v *stack.View) {
 
 // Stats reports FD_ALL's counters.
 func (f *FDAll) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "heartbeats_sent", Value: f.sent.Load()},
-		{Name: "heartbeats_received", Value: f.received.Load()},
-		{Name: "suspicions", Value: f.suspicions.Load()},
-		{Name: "unsuspicions", Value: f.unsuspicions.Load()},
-	}
+	return stack.CounterStats(f)
 }

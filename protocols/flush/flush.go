@@ -146,7 +146,17 @@ type FLUSH struct {
 	// them as left out.
 	suspects map[stack.Address]bool
 
-	started, completed, failed, refusals, lateStarts, superseded, safetyUnblocks, stopsDeferred, blockedNanos, viewWaits, wentWithout atomic.Int64
+	started        atomic.Int64 `stat:"rounds_started"`
+	completed      atomic.Int64 `stat:"flushes_completed"`
+	failed         atomic.Int64 `stat:"flushes_failed"`
+	refusals       atomic.Int64 `stat:"refusals_received"`
+	lateStarts     atomic.Int64 `stat:"late_starts_ignored"`
+	superseded     atomic.Int64 `stat:"rounds_superseded"`
+	safetyUnblocks atomic.Int64 `stat:"safety_unblocks"`
+	stopsDeferred  atomic.Int64 `stat:"stops_deferred_to_view"`
+	blockedNanos   atomic.Int64 `stat:"blocked_time_ns"`
+	viewWaits      atomic.Int64 `stat:"safety_waits_for_view"`
+	wentWithout    atomic.Int64 `stat:"participants_left_out"`
 }
 
 var _ stack.Protocol = (*FLUSH)(nil)
@@ -349,20 +359,9 @@ func (f *FLUSH) Stats() []stack.Stat {
 	if f.gate.IsClosed() {
 		blocked = 1
 	}
-	return []stack.Stat{
-		{Name: "blocked", Value: blocked},
-		{Name: "blocked_time_ns", Value: f.blockedNanos.Load()},
-		{Name: "rounds_started", Value: f.started.Load()},
-		{Name: "flushes_completed", Value: f.completed.Load()},
-		{Name: "flushes_failed", Value: f.failed.Load()},
-		{Name: "refusals_received", Value: f.refusals.Load()},
-		{Name: "rounds_superseded", Value: f.superseded.Load()},
-		{Name: "late_starts_ignored", Value: f.lateStarts.Load()},
-		{Name: "stops_deferred_to_view", Value: f.stopsDeferred.Load()},
-		{Name: "safety_unblocks", Value: f.safetyUnblocks.Load()},
-		{Name: "safety_waits_for_view", Value: f.viewWaits.Load()},
-		{Name: "participants_left_out", Value: f.wentWithout.Load()},
-	}
+	return append(stack.CounterStats(f),
+		stack.Stat{Name: "blocked", Value: blocked},
+	)
 }
 
 // String names the round, for logs.

@@ -104,7 +104,13 @@ type FRAG struct {
 	mu      sync.Mutex
 	partial map[key]*partial
 
-	fragmented, fragsSent, reassembled, fragsRecv, dropped, discarded, expired atomic.Int64
+	fragmented  atomic.Int64 `stat:"msgs_fragmented"`
+	fragsSent   atomic.Int64 `stat:"fragments_sent"`
+	reassembled atomic.Int64 `stat:"msgs_reassembled"`
+	fragsRecv   atomic.Int64 `stat:"fragments_received"`
+	dropped     atomic.Int64 `stat:"fragments_dropped"`
+	discarded   atomic.Int64 `stat:"partial_discarded"`
+	expired     atomic.Int64 `stat:"partial_expired"`
 }
 
 type key struct {
@@ -264,14 +270,7 @@ func (f *FRAG) Stats() []stack.Stat {
 	f.mu.Lock()
 	n := len(f.partial)
 	f.mu.Unlock()
-	return []stack.Stat{
-		{Name: "msgs_fragmented", Value: f.fragmented.Load()},
-		{Name: "fragments_sent", Value: f.fragsSent.Load()},
-		{Name: "fragments_received", Value: f.fragsRecv.Load()},
-		{Name: "msgs_reassembled", Value: f.reassembled.Load()},
-		{Name: "fragments_dropped", Value: f.dropped.Load()},
-		{Name: "partial_discarded", Value: f.discarded.Load()},
-		{Name: "partial_expired", Value: f.expired.Load()},
-		{Name: "partial_in_progress", Value: int64(n)},
-	}
+	return append(stack.CounterStats(f),
+		stack.Stat{Name: "partial_in_progress", Value: int64(n)},
+	)
 }

@@ -153,8 +153,19 @@ type GMS struct {
 	leaveDone     chan struct{}
 	wake          chan struct{}
 
-	viewsInstalled, joinsHandled, leavesHandled, suspectsHandled, merges, mergesFailed,
-	ackTimeouts, viewsIgnored, msgsIgnored, takeovers, flushFailures, flushExclusions, viewsResent atomic.Int64
+	viewsInstalled  atomic.Int64 `stat:"views_installed"`
+	joinsHandled    atomic.Int64 `stat:"joins_handled"`
+	leavesHandled   atomic.Int64 `stat:"leaves_handled"`
+	suspectsHandled atomic.Int64 `stat:"suspicions_handled"`
+	merges          atomic.Int64 `stat:"merges"`
+	mergesFailed    atomic.Int64 `stat:"merges_failed"`
+	ackTimeouts     atomic.Int64 `stat:"view_ack_timeouts"`
+	viewsIgnored    atomic.Int64 `stat:"views_ignored"`
+	msgsIgnored     atomic.Int64 `stat:"messages_ignored"`
+	takeovers       atomic.Int64 `stat:"takeovers"`
+	flushFailures   atomic.Int64 `stat:"flush_failures"`
+	flushExclusions atomic.Int64 `stat:"flush_exclusions"`
+	viewsResent     atomic.Int64 `stat:"views_resent"`
 }
 
 var (
@@ -304,22 +315,9 @@ func (g *GMS) Stats() []stack.Stat {
 	g.mu.Lock()
 	size := int64(g.view.Size())
 	g.mu.Unlock()
-	return []stack.Stat{
-		{Name: "view_size", Value: size},
-		{Name: "views_installed", Value: g.viewsInstalled.Load()},
-		{Name: "views_ignored", Value: g.viewsIgnored.Load()},
-		{Name: "joins_handled", Value: g.joinsHandled.Load()},
-		{Name: "leaves_handled", Value: g.leavesHandled.Load()},
-		{Name: "suspicions_handled", Value: g.suspectsHandled.Load()},
-		{Name: "takeovers", Value: g.takeovers.Load()},
-		{Name: "merges", Value: g.merges.Load()},
-		{Name: "merges_failed", Value: g.mergesFailed.Load()},
-		{Name: "view_ack_timeouts", Value: g.ackTimeouts.Load()},
-		{Name: "messages_ignored", Value: g.msgsIgnored.Load()},
-		{Name: "views_resent", Value: g.viewsResent.Load()},
-		{Name: "flush_failures", Value: g.flushFailures.Load()},
-		{Name: "flush_exclusions", Value: g.flushExclusions.Load()},
-	}
+	return append(stack.CounterStats(g),
+		stack.Stat{Name: "view_size", Value: size},
+	)
 }
 
 func (g *GMS) String() string { return fmt.Sprintf("GMS(%s)", g.LocalAddress()) }

@@ -152,7 +152,14 @@ type GroupFC struct {
 	wakeCh    chan struct{}
 	rr        map[uint64]int // anycast round-robin position per instance
 
-	blockedSends, blockedNanos, wouldBlock, unreachable, dropped, delivered_, leaveUnacked, leaveSlow atomic.Int64
+	blockedSends atomic.Int64 `stat:"blocked_sends"`
+	wouldBlock   atomic.Int64 `stat:"would_block"`
+	unreachable  atomic.Int64 `stat:"unreachable"`
+	dropped      atomic.Int64 `stat:"dropped"`
+	delivered_   atomic.Int64 `stat:"delivered"`
+	leaveUnacked atomic.Int64 `stat:"leaves_unacknowledged"`
+	leaveSlow    atomic.Int64 `stat:"leaves_slow"`
+	blockedNanos atomic.Int64
 }
 
 var _ stack.Protocol = (*GroupFC)(nil)
@@ -851,27 +858,20 @@ func (p *GroupFC) Stats() []stack.Stat {
 		overrunDrops = g.overrunDrops
 	}
 	p.mu.Unlock()
-	return []stack.Stat{
-		{Name: "members", Value: members},
-		{Name: "active_senders", Value: active},
-		{Name: "pending_senders", Value: pending},
-		{Name: "small_window_receivers", Value: small},
-		{Name: "deferred", Value: deferred},
-		{Name: "reclaims_sent", Value: reclaims},
-		{Name: "remits_sent", Value: remits},
-		{Name: "acks_received", Value: acks},
-		{Name: "active_senders_peak", Value: activePeak},
-		{Name: "unread_bytes", Value: unread},
-		{Name: "unread_bytes_peak", Value: unreadPeak},
-		{Name: "window_overruns", Value: overruns},
-		{Name: "dropped_window_overrun", Value: overrunDrops},
-		{Name: "delivered", Value: p.delivered_.Load()},
-		{Name: "blocked_sends", Value: p.blockedSends.Load()},
-		{Name: "blocked_ms", Value: p.blockedNanos.Load() / 1e6},
-		{Name: "would_block", Value: p.wouldBlock.Load()},
-		{Name: "unreachable", Value: p.unreachable.Load()},
-		{Name: "dropped", Value: p.dropped.Load()},
-		{Name: "leaves_unacknowledged", Value: p.leaveUnacked.Load()},
-		{Name: "leaves_slow", Value: p.leaveSlow.Load()},
-	}
+	return append(stack.CounterStats(p),
+		stack.Stat{Name: "members", Value: members},
+		stack.Stat{Name: "active_senders", Value: active},
+		stack.Stat{Name: "pending_senders", Value: pending},
+		stack.Stat{Name: "small_window_receivers", Value: small},
+		stack.Stat{Name: "deferred", Value: deferred},
+		stack.Stat{Name: "reclaims_sent", Value: reclaims},
+		stack.Stat{Name: "remits_sent", Value: remits},
+		stack.Stat{Name: "acks_received", Value: acks},
+		stack.Stat{Name: "active_senders_peak", Value: activePeak},
+		stack.Stat{Name: "unread_bytes", Value: unread},
+		stack.Stat{Name: "unread_bytes_peak", Value: unreadPeak},
+		stack.Stat{Name: "window_overruns", Value: overruns},
+		stack.Stat{Name: "dropped_window_overrun", Value: overrunDrops},
+		stack.Stat{Name: "blocked_ms", Value: p.blockedNanos.Load() / 1e6},
+	)
 }

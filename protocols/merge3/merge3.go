@@ -109,7 +109,10 @@ type Merge3 struct {
 	view  *stack.View
 	heard map[stack.Address]*Header // announcements since the last check
 
-	sent, received, merges, inconsistent atomic.Int64
+	sent         atomic.Int64 `stat:"announcements_sent"`
+	received     atomic.Int64 `stat:"announcements_received"`
+	merges       atomic.Int64 `stat:"merges_started"`
+	inconsistent atomic.Int64 `stat:"views_inconsistent"`
 }
 
 var _ stack.Protocol = (*Merge3)(nil)
@@ -301,10 +304,5 @@ func (m *Merge3) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // Stats reports MERGE3's counters.
 func (m *Merge3) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "announcements_sent", Value: m.sent.Load()},
-		{Name: "announcements_received", Value: m.received.Load()},
-		{Name: "merges_started", Value: m.merges.Load()},
-		{Name: "views_inconsistent", Value: m.inconsistent.Load()},
-	}
+	return stack.CounterStats(m)
 }

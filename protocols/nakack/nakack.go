@@ -77,10 +77,23 @@ type NAKACK struct {
 }
 
 type stats struct {
-	sent, received, delivered, duplicates, nonMember, tooFar atomic.Int64
-	bufferFull, bufferedPeak                                 atomic.Int64
-	xmitReqSent, xmitReqRecv, xmits, gaps, highest           atomic.Int64
-	purged, stableEvents, purgedAnswers, skipped             atomic.Int64
+	sent          atomic.Int64 `stat:"msgs_sent"`
+	received      atomic.Int64 `stat:"msgs_received"`
+	delivered     atomic.Int64 `stat:"msgs_delivered"`
+	duplicates    atomic.Int64 `stat:"duplicates"`
+	nonMember     atomic.Int64 `stat:"dropped_non_member"`
+	tooFar        atomic.Int64 `stat:"dropped_too_far_ahead"`
+	bufferFull    atomic.Int64 `stat:"dropped_buffer_full"`
+	bufferedPeak  atomic.Int64 `stat:"buffered_bytes_peak"`
+	xmitReqSent   atomic.Int64 `stat:"xmit_reqs_sent"`
+	xmitReqRecv   atomic.Int64 `stat:"xmit_reqs_received"`
+	xmits         atomic.Int64 `stat:"retransmissions"`
+	gaps          atomic.Int64 `stat:"gaps_seen"`
+	highest       atomic.Int64 `stat:"highest_seqno_received"`
+	purged        atomic.Int64 `stat:"msgs_purged"`
+	stableEvents  atomic.Int64 `stat:"stable_events"`
+	purgedAnswers atomic.Int64 `stat:"purged_answers_sent"`
+	skipped       atomic.Int64 `stat:"msgs_skipped_purged"`
 }
 
 // table holds one sender's messages from low to hr; hd is the highest
@@ -684,26 +697,9 @@ func (n *NAKACK) Stats() []stack.Stat {
 	tables := len(n.tables)
 	n.mu.Unlock()
 	s := &n.st
-	return []stack.Stat{
-		{Name: "msgs_sent", Value: s.sent.Load()},
-		{Name: "msgs_received", Value: s.received.Load()},
-		{Name: "msgs_delivered", Value: s.delivered.Load()},
-		{Name: "duplicates", Value: s.duplicates.Load()},
-		{Name: "dropped_non_member", Value: s.nonMember.Load()},
-		{Name: "dropped_too_far_ahead", Value: s.tooFar.Load()},
-		{Name: "dropped_buffer_full", Value: s.bufferFull.Load()},
-		{Name: "buffered_bytes_peak", Value: s.bufferedPeak.Load()},
-		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
-		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
-		{Name: "retransmissions", Value: s.xmits.Load()},
-		{Name: "gaps_seen", Value: s.gaps.Load()},
-		{Name: "highest_seqno_received", Value: s.highest.Load()},
-		{Name: "tables", Value: int64(tables)},
-		{Name: "msgs_held", Value: held},
-		{Name: "bytes_held", Value: bytes},
-		{Name: "msgs_purged", Value: s.purged.Load()},
-		{Name: "purged_answers_sent", Value: s.purgedAnswers.Load()},
-		{Name: "msgs_skipped_purged", Value: s.skipped.Load()},
-		{Name: "stable_events", Value: s.stableEvents.Load()},
-	}
+	return append(stack.CounterStats(s),
+		stack.Stat{Name: "tables", Value: int64(tables)},
+		stack.Stat{Name: "msgs_held", Value: held},
+		stack.Stat{Name: "bytes_held", Value: bytes},
+	)
 }

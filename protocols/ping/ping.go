@@ -146,7 +146,13 @@ type Discovery struct {
 	rounds  map[*round]struct{}
 	dynamic map[netip.AddrPort]struct{} // STATIC_PING: hosts that contacted us
 
-	reqSent, reqRecv, rspSent, rspRecv, whoHas, sendErrors, misdirected atomic.Int64
+	reqSent     atomic.Int64 `stat:"requests_sent"`
+	reqRecv     atomic.Int64 `stat:"requests_received"`
+	rspSent     atomic.Int64 `stat:"responses_sent"`
+	rspRecv     atomic.Int64 `stat:"responses_received"`
+	whoHas      atomic.Int64 `stat:"who_has_requests"`
+	sendErrors  atomic.Int64 `stat:"send_errors"`
+	misdirected atomic.Int64 `stat:"physical_address_overridden"`
 }
 
 var _ stack.Protocol = (*Discovery)(nil)
@@ -417,14 +423,7 @@ func (d *Discovery) Stats() []stack.Stat {
 	d.mu.Lock()
 	ndyn := len(d.dynamic)
 	d.mu.Unlock()
-	return []stack.Stat{
-		{Name: "requests_sent", Value: d.reqSent.Load()},
-		{Name: "requests_received", Value: d.reqRecv.Load()},
-		{Name: "responses_sent", Value: d.rspSent.Load()},
-		{Name: "responses_received", Value: d.rspRecv.Load()},
-		{Name: "who_has_requests", Value: d.whoHas.Load()},
-		{Name: "send_errors", Value: d.sendErrors.Load()},
-		{Name: "dynamic_hosts", Value: int64(ndyn)},
-		{Name: "physical_address_overridden", Value: d.misdirected.Load()},
-	}
+	return append(stack.CounterStats(d),
+		stack.Stat{Name: "dynamic_hosts", Value: int64(ndyn)},
+	)
 }

@@ -90,7 +90,10 @@ type STABLE struct {
 	gossips map[stack.Address]stack.Digest
 	bytes   int64
 
-	sent, received, rounds, stale atomic.Int64
+	sent     atomic.Int64 `stat:"gossips_sent"`
+	received atomic.Int64 `stat:"gossips_received"`
+	rounds   atomic.Int64 `stat:"stable_rounds"`
+	stale    atomic.Int64 `stat:"gossips_ignored"`
 }
 
 var _ stack.Protocol = (*STABLE)(nil)
@@ -230,10 +233,5 @@ func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // Stats reports STABLE's counters.
 func (s *STABLE) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "gossips_sent", Value: s.sent.Load()},
-		{Name: "gossips_received", Value: s.received.Load()},
-		{Name: "stable_rounds", Value: s.rounds.Load()},
-		{Name: "gossips_ignored", Value: s.stale.Load()},
-	}
+	return stack.CounterStats(s)
 }

@@ -153,7 +153,12 @@ type StateTransfer struct {
 	in   map[uint64]*incoming
 	out  map[key]*outgoing
 
-	provided, requested, bytesSent, bytesRecv, failures, protocolErrors atomic.Int64
+	provided       atomic.Int64 `stat:"states_provided"`
+	requested      atomic.Int64 `stat:"states_requested"`
+	bytesSent      atomic.Int64 `stat:"bytes_sent"`
+	bytesRecv      atomic.Int64 `stat:"bytes_received"`
+	failures       atomic.Int64 `stat:"failures"`
+	protocolErrors atomic.Int64 `stat:"protocol_errors"`
 }
 
 var _ stack.Protocol = (*StateTransfer)(nil)
@@ -490,12 +495,5 @@ func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (any, err
 
 // Stats reports STATE_TRANSFER's counters.
 func (s *StateTransfer) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "states_provided", Value: s.provided.Load()},
-		{Name: "states_requested", Value: s.requested.Load()},
-		{Name: "bytes_sent", Value: s.bytesSent.Load()},
-		{Name: "bytes_received", Value: s.bytesRecv.Load()},
-		{Name: "failures", Value: s.failures.Load()},
-		{Name: "protocol_errors", Value: s.protocolErrors.Load()},
-	}
+	return stack.CounterStats(s)
 }

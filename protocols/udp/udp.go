@@ -56,20 +56,20 @@ type UDP struct {
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
 
-	bundlesSent     atomic.Int64
-	bundleMsgs      atomic.Int64
+	bundlesSent     atomic.Int64 `stat:"bundles_sent"`
+	bundleMsgs      atomic.Int64 `stat:"bundle_msgs_sent"`
 	bundleBytes     atomic.Int64
-	datagramsSent   atomic.Int64
-	datagramsRecv   atomic.Int64
-	bytesRecv       atomic.Int64
-	droppedFull     atomic.Int64
-	droppedNoPhys   atomic.Int64
-	droppedOversize atomic.Int64
-	tooBig          atomic.Int64
-	socketErrors    atomic.Int64
-	whoHasSent      atomic.Int64
-	expired         atomic.Int64
-	unprovenMoves   atomic.Int64
+	datagramsSent   atomic.Int64 `stat:"datagrams_sent"`
+	datagramsRecv   atomic.Int64 `stat:"datagrams_received"`
+	bytesRecv       atomic.Int64 `stat:"bytes_received"`
+	droppedFull     atomic.Int64 `stat:"dropped_queue_full"`
+	droppedNoPhys   atomic.Int64 `stat:"dropped_no_physical_address"`
+	droppedOversize atomic.Int64 `stat:"dropped_oversized"`
+	tooBig          atomic.Int64 `stat:"rejected_too_big"`
+	socketErrors    atomic.Int64 `stat:"socket_errors"`
+	whoHasSent      atomic.Int64 `stat:"who_has_sent"`
+	expired         atomic.Int64 `stat:"addr_cache_expired"`
+	unprovenMoves   atomic.Int64 `stat:"addr_moves_unproven"`
 }
 
 var (
@@ -440,23 +440,10 @@ func (u *UDP) Stats() []stack.Stat {
 	if u.cache != nil {
 		cacheSize, evicted, refused = u.cache.size(), u.cache.evicted.Load(), u.cache.refused.Load()
 	}
-	return append(u.TransportBase.Stats(),
-		stack.Stat{Name: "bundles_sent", Value: u.bundlesSent.Load()},
-		stack.Stat{Name: "bundle_msgs_sent", Value: u.bundleMsgs.Load()},
+	return append(append(u.TransportBase.Stats(), stack.CounterStats(u)...),
 		stack.Stat{Name: "avg_bundle_size", Value: avg},
-		stack.Stat{Name: "datagrams_sent", Value: u.datagramsSent.Load()},
-		stack.Stat{Name: "datagrams_received", Value: u.datagramsRecv.Load()},
-		stack.Stat{Name: "bytes_received", Value: u.bytesRecv.Load()},
-		stack.Stat{Name: "dropped_queue_full", Value: u.droppedFull.Load()},
-		stack.Stat{Name: "dropped_no_physical_address", Value: u.droppedNoPhys.Load()},
-		stack.Stat{Name: "dropped_oversized", Value: u.droppedOversize.Load()},
-		stack.Stat{Name: "rejected_too_big", Value: u.tooBig.Load()},
-		stack.Stat{Name: "socket_errors", Value: u.socketErrors.Load()},
-		stack.Stat{Name: "who_has_sent", Value: u.whoHasSent.Load()},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
-		stack.Stat{Name: "addr_cache_expired", Value: u.expired.Load()},
 		stack.Stat{Name: "addr_cache_evicted", Value: evicted},
 		stack.Stat{Name: "addr_cache_full_refused", Value: refused},
-		stack.Stat{Name: "addr_moves_unproven", Value: u.unprovenMoves.Load()},
 	)
 }

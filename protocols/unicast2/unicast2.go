@@ -107,12 +107,27 @@ type Unicast2 struct {
 }
 
 type stats struct {
-	sent, received, delivered, duplicates                      atomic.Int64
-	xmitReqSent, xmitReqRecv, xmits, xmitMissing               atomic.Int64
-	firstSent, firstRecv, firstStale, firstDropped, impossible atomic.Int64
-	stableSent, stableRecv, stableStale                        atomic.Int64
-	resends, closed, reaped                                    atomic.Int64
-	bufferFull, bufferedPeak                                   atomic.Int64
+	sent         atomic.Int64 `stat:"msgs_sent"`
+	received     atomic.Int64 `stat:"msgs_received"`
+	delivered    atomic.Int64 `stat:"msgs_delivered"`
+	duplicates   atomic.Int64 `stat:"duplicates"`
+	xmitReqSent  atomic.Int64 `stat:"xmit_reqs_sent"`
+	xmitReqRecv  atomic.Int64 `stat:"xmit_reqs_received"`
+	xmits        atomic.Int64 `stat:"retransmissions"`
+	xmitMissing  atomic.Int64 `stat:"xmit_reqs_for_purged"`
+	firstSent    atomic.Int64 `stat:"send_first_seqno_sent"`
+	firstRecv    atomic.Int64 `stat:"send_first_seqno_received"`
+	firstStale   atomic.Int64 `stat:"send_first_seqno_stale"`
+	firstDropped atomic.Int64 `stat:"dropped_unknown_connection"`
+	impossible   atomic.Int64 `stat:"dropped_impossible_seqno"`
+	stableSent   atomic.Int64 `stat:"stables_sent"`
+	stableRecv   atomic.Int64 `stat:"stables_received"`
+	stableStale  atomic.Int64 `stat:"stale_stables_ignored"`
+	resends      atomic.Int64 `stat:"resends_of_unacked"`
+	closed       atomic.Int64 `stat:"connections_closed"`
+	reaped       atomic.Int64 `stat:"connections_reaped"`
+	bufferFull   atomic.Int64 `stat:"dropped_buffer_full"`
+	bufferedPeak atomic.Int64 `stat:"buffered_bytes_peak"`
 }
 
 // sendEntry is the send window to one destination: seqnos low..next-1 are
@@ -806,31 +821,10 @@ func (u *Unicast2) Stats() []stack.Stat {
 	}
 	u.mu.Unlock()
 	s := &u.st
-	return []stack.Stat{
-		{Name: "msgs_sent", Value: s.sent.Load()},
-		{Name: "msgs_received", Value: s.received.Load()},
-		{Name: "msgs_delivered", Value: s.delivered.Load()},
-		{Name: "duplicates", Value: s.duplicates.Load()},
-		{Name: "xmit_reqs_sent", Value: s.xmitReqSent.Load()},
-		{Name: "xmit_reqs_received", Value: s.xmitReqRecv.Load()},
-		{Name: "retransmissions", Value: s.xmits.Load()},
-		{Name: "xmit_reqs_for_purged", Value: s.xmitMissing.Load()},
-		{Name: "send_first_seqno_sent", Value: s.firstSent.Load()},
-		{Name: "send_first_seqno_received", Value: s.firstRecv.Load()},
-		{Name: "send_first_seqno_stale", Value: s.firstStale.Load()},
-		{Name: "dropped_unknown_connection", Value: s.firstDropped.Load()},
-		{Name: "dropped_impossible_seqno", Value: s.impossible.Load()},
-		{Name: "dropped_buffer_full", Value: s.bufferFull.Load()},
-		{Name: "buffered_bytes_peak", Value: s.bufferedPeak.Load()},
-		{Name: "stables_sent", Value: s.stableSent.Load()},
-		{Name: "stables_received", Value: s.stableRecv.Load()},
-		{Name: "stale_stables_ignored", Value: s.stableStale.Load()},
-		{Name: "resends_of_unacked", Value: s.resends.Load()},
-		{Name: "connections_closed", Value: s.closed.Load()},
-		{Name: "connections_reaped", Value: s.reaped.Load()},
-		{Name: "send_connections", Value: int64(nsend)},
-		{Name: "receive_connections", Value: int64(nrecv)},
-		{Name: "closed_connections_remembered", Value: int64(ntomb)},
-		{Name: "msgs_held_for_retransmission", Value: held},
-	}
+	return append(stack.CounterStats(s),
+		stack.Stat{Name: "send_connections", Value: int64(nsend)},
+		stack.Stat{Name: "receive_connections", Value: int64(nrecv)},
+		stack.Stat{Name: "closed_connections_remembered", Value: int64(ntomb)},
+		stack.Stat{Name: "msgs_held_for_retransmission", Value: held},
+	)
 }

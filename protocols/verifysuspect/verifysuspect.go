@@ -92,7 +92,10 @@ type VerifySuspect struct {
 	n       atomic.Int32 // len(pending), read without the lock on every message
 	kick    chan struct{}
 
-	requests, answers, confirmed, cleared atomic.Int64
+	requests  atomic.Int64 `stat:"verifications"`
+	answers   atomic.Int64 `stat:"answers_sent"`
+	confirmed atomic.Int64 `stat:"suspicions_confirmed"`
+	cleared   atomic.Int64 `stat:"suspicions_cleared"`
 }
 
 var _ stack.Protocol = (*VerifySuspect)(nil)
@@ -288,11 +291,7 @@ func (v *VerifySuspect) DownEvent(ctx context.Context, ev stack.Event) (any, err
 
 // Stats reports VERIFY_SUSPECT's counters.
 func (v *VerifySuspect) Stats() []stack.Stat {
-	return []stack.Stat{
-		{Name: "verifications", Value: v.requests.Load()},
-		{Name: "answers_sent", Value: v.answers.Load()},
-		{Name: "suspicions_confirmed", Value: v.confirmed.Load()},
-		{Name: "suspicions_cleared", Value: v.cleared.Load()},
-		{Name: "verifying", Value: int64(v.n.Load())},
-	}
+	return append(stack.CounterStats(v),
+		stack.Stat{Name: "verifying", Value: int64(v.n.Load())},
+	)
 }
