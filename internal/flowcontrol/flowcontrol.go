@@ -257,7 +257,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 func (f *FlowControl) send(dest stack.Address, h *Header) {
 	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.OOB | stack.NoFC)
 	m.PutHeader(f.ID(), h)
-	_ = f.PassDown(context.Background(), m)
+	_ = f.PassDown(f.Context(), m)
 }
 
 // Up takes credit messages; a controlled message counts as processed once

@@ -18,7 +18,6 @@
 package auth
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -218,7 +217,7 @@ func (a *Auth) proof(label string, nonce []byte, joiner, coord stack.Address) []
 func (a *Auth) send(to stack.Address, h *Header) {
 	m := stack.NewMessage(to, nil).Set(stack.Internal | stack.OOB)
 	m.PutHeader(a.ID(), h)
-	_ = a.PassDown(context.Background(), m)
+	_ = a.PassDown(a.Context(), m)
 }
 
 // Up holds JOIN_REQs until their sender has proved itself, and runs the

@@ -203,7 +203,7 @@ func (e *Encrypt) Start() error {
 		e.learner.Store(&l)
 	}
 	var phys netip.AddrPort
-	if v, _ := e.PassDownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
+	if v, _ := e.PassDownEvent(e.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
 		phys, _ = v.(netip.AddrPort)
 	}
 	e.phys.Store(&phys)

@@ -119,7 +119,7 @@ func (f *FDAll) sendHeartbeat() {
 	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.OOB | stack.NoReliability)
 	m.PutHeader(f.ID(), heartbeat{})
 	f.sent.Add(1)
-	_ = f.PassDown(context.Background(), m)
+	_ = f.PassDown(f.Context(), m)
 }
 
 // check suspects every member silent for longer than timeout, again at

@@ -37,11 +37,11 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 	switch e := ev.(type) {
 	case stack.EvStartFlush:
-		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
+		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.Timeout)
 		defer cancel()
 		return f.startFlush(ctx, e)
 	case stack.EvStopFlush:
-		return nil, f.stopFlush(context.Background(), e)
+		return nil, f.stopFlush(f.Context(), e)
 	case stack.EvSuspect:
 		f.mu.Lock()
 		for _, a := range e.Members {

@@ -240,7 +240,7 @@ func (f *FLUSH) block() {
 	// would make the drain wait for credits (which a member blocked the
 	// same way may never return): it gives its message back and waits at
 	// the gate.
-	_, _ = f.PassDownEvent(context.Background(), stack.EvRecallSenders{})
+	_, _ = f.PassDownEvent(f.Context(), stack.EvRecallSenders{})
 	// Taking the write lock waits for every sender already past the gate.
 	f.inflight.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
@@ -284,9 +284,9 @@ func (f *FLUSH) open(release bool) {
 	f.mu.Unlock()
 	if release {
 		// A view-change round's hold on every sender ends here.
-		_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseHold{})
+		_, _ = f.PassDownEvent(f.Context(), stack.EvReleaseHold{})
 	}
-	_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseSenders{})
+	_, _ = f.PassDownEvent(f.Context(), stack.EvReleaseSenders{})
 	f.gate.Open()
 	if call {
 		f.notify(stack.EvUnblock{})
@@ -306,7 +306,7 @@ func (f *FLUSH) releaseHeld() {
 	f.heldSince = time.Time{}
 	f.mu.Unlock()
 	if held {
-		_, _ = f.PassDownEvent(context.Background(), stack.EvReleaseHold{})
+		_, _ = f.PassDownEvent(f.Context(), stack.EvReleaseHold{})
 	}
 }
 

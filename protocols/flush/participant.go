@@ -23,7 +23,7 @@ func (f *FLUSH) send(dest stack.Address, h *Header) {
 	f.mu.Unlock()
 	m := stack.NewMessage(dest, nil).Set(flags)
 	m.PutHeader(f.ID(), h)
-	if err := f.PassDown(context.Background(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
+	if err := f.PassDown(f.Context(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
 		f.Log().Debug("flush: send failed", "type", h.Kind(), "to", dest, "error", err)
 	}
 }
@@ -193,7 +193,7 @@ func (f *FLUSH) digest(r *partRound) stack.Digest {
 	if r != nil && r.vc {
 		ev = stack.EvHold{}
 	}
-	v, err := f.PassDownEvent(context.Background(), ev)
+	v, err := f.PassDownEvent(f.Context(), ev)
 	if err != nil {
 		return nil
 	}

@@ -181,13 +181,22 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 		close(aw.done)
 	}
 	g.mu.Unlock()
+	// The joiners' digest is taken before the view is installed here or
+	// sent: a member (this one first) may multicast the moment it has the
+	// view, and a digest taken after that would start the joiners above
+	// those messages, which they would never deliver. (Without FLUSH a
+	// joiner may in turn deliver a few messages sent just before the view,
+	// as in JGroups.)
+	var d stack.Digest
+	if len(joiners) > 0 {
+		d = g.digest()
+	}
 	if nv.Contains(self) {
 		g.install(nv, nil)
 	}
 	vh := &Header{Type: typeView, View: nv}
 	g.send(stack.Address{}, vh)
 	if len(joiners) > 0 {
-		d := g.digest()
 		g.mu.Lock()
 		g.joinDigests, g.joinView = map[stack.Address]stack.Digest{}, nv.ID
 		for _, j := range joiners {

@@ -231,13 +231,13 @@ func (g *GMS) send(dest stack.Address, h *Header) {
 	}
 	m := stack.NewMessage(dest, nil).Set(flags)
 	m.PutHeader(g.ID(), h)
-	if err := g.PassDown(context.Background(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
+	if err := g.PassDown(g.Context(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
 		g.Log().Debug("gms: send failed", "type", h.Kind(), "to", dest, "error", err)
 	}
 }
 
 func (g *GMS) digest() stack.Digest {
-	v, err := g.PassDownEvent(context.Background(), stack.EvGetDigest{})
+	v, err := g.PassDownEvent(g.Context(), stack.EvGetDigest{})
 	if err != nil {
 		return nil
 	}
@@ -280,7 +280,7 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 			}
 		}
 		if len(fresh) > 0 {
-			_, _ = g.PassDownEvent(context.Background(), stack.EvSetDigest{Digest: fresh})
+			_, _ = g.PassDownEvent(g.Context(), stack.EvSetDigest{Digest: fresh})
 		}
 	}
 	g.mu.Lock()
@@ -296,7 +296,7 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 	g.viewsInstalled.Add(1)
 	// Down to the layers below, then up through the layers above to the
 	// channel: each layer sees the view once.
-	_, _ = g.PassDownEvent(context.Background(), stack.EvViewChange{View: v})
+	_, _ = g.PassDownEvent(g.Context(), stack.EvViewChange{View: v})
 	_, _ = g.PassUpEvent(stack.EvViewChange{View: v})
 	if pending && coord {
 		g.kick()

@@ -494,7 +494,7 @@ func (p *GroupFC) sendOut(out []protoMsg) {
 	for _, o := range out {
 		m := stack.NewMessage(o.to, nil).Set(stack.Internal)
 		m.PutHeader(p.ID(), o.h)
-		_ = p.PassDown(context.Background(), m)
+		_ = p.PassDown(p.Context(), m)
 	}
 }
 

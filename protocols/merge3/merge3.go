@@ -162,7 +162,7 @@ func (m *Merge3) self() *Header {
 	local := m.LocalAddress()
 	h := &Header{ViewID: v.ID, Info: stack.MemberInfo{Addr: local, IsServer: true, Coord: v.Coordinator()}}
 	h.Info.Name, _ = stack.LogicalName(local)
-	if p, _ := m.PassDownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); p != nil {
+	if p, _ := m.PassDownEvent(m.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); p != nil {
 		h.Info.Physical, _ = p.(netip.AddrPort)
 	}
 	return h
@@ -177,7 +177,7 @@ func (m *Merge3) Announce() {
 		return
 	}
 	m.sendInfo(stack.Address{}, h)
-	known, _ := m.PassDownEvent(context.Background(), stack.EvKnownMembers{})
+	known, _ := m.PassDownEvent(m.Context(), stack.EvKnownMembers{})
 	as, _ := known.([]stack.Address)
 	m.mu.Lock()
 	v := m.view
@@ -193,7 +193,7 @@ func (m *Merge3) sendInfo(dest stack.Address, h *Header) {
 	msg := stack.NewMessage(dest, nil).Set(stack.Internal | stack.OOB | stack.NoReliability)
 	msg.PutHeader(m.ID(), h)
 	m.sent.Add(1)
-	_ = m.PassDown(context.Background(), msg)
+	_ = m.PassDown(m.Context(), msg)
 }
 
 // Check looks at the announcements heard since the last check; a
@@ -269,7 +269,7 @@ func (m *Merge3) handle(src stack.Address, from netip.AddrPort, h *Header) {
 		}
 	}
 	if phys.IsValid() {
-		_, _ = m.PassDownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: src, Physical: phys})
+		_, _ = m.PassDownEvent(m.Context(), stack.EvAddPhysicalAddress{Logical: src, Physical: phys})
 	}
 	m.mu.Lock()
 	m.heard[src] = h

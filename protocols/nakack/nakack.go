@@ -254,7 +254,7 @@ func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 func (n *NAKACK) control(dest stack.Address, h *Header) {
 	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.NoReliability)
 	m.PutHeader(n.ID(), h)
-	_ = n.PassDown(context.Background(), m)
+	_ = n.PassDown(n.Context(), m)
 }
 
 // Up handles one message with a NAKACK header.

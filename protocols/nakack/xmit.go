@@ -1,7 +1,6 @@
 package nakack
 
 import (
-	"context"
 	"time"
 
 	"github.com/strata-go/strata/stack"
@@ -30,7 +29,7 @@ func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 	n.mu.Unlock()
 	for _, m := range out {
 		n.st.xmits.Add(1)
-		_ = n.PassDown(context.Background(), m)
+		_ = n.PassDown(n.Context(), m)
 	}
 	if purged > 0 {
 		// Only the sender speaks for its own messages: another member's

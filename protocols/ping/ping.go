@@ -199,7 +199,7 @@ func (d *Discovery) self() stack.MemberInfo {
 	local := d.LocalAddress()
 	mi := stack.MemberInfo{Addr: local}
 	mi.Name, _ = stack.LogicalName(local)
-	if v, _ := d.PassDownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
+	if v, _ := d.PassDownEvent(d.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
 		mi.Physical, _ = v.(netip.AddrPort)
 	}
 	d.mu.Lock()
@@ -279,7 +279,7 @@ func (d *Discovery) sendRequest(target stack.Address) {
 			continue
 		}
 		d.reqSent.Add(1)
-		_, err := d.PassDownEvent(context.Background(), stack.EvSendToPhysical{To: ap, Msg: d.message(stack.Address{}, h)})
+		_, err := d.PassDownEvent(d.Context(), stack.EvSendToPhysical{To: ap, Msg: d.message(stack.Address{}, h)})
 		if err != nil {
 			d.sendErrors.Add(1)
 			if errors.Is(err, stack.ErrNotSupported) {
@@ -297,7 +297,7 @@ func (d *Discovery) message(dest stack.Address, h *Header) *stack.Message {
 }
 
 func (d *Discovery) send(dest stack.Address, h *Header) {
-	if err := d.PassDown(context.Background(), d.message(dest, h)); err != nil {
+	if err := d.PassDown(d.Context(), d.message(dest, h)); err != nil {
 		d.sendErrors.Add(1)
 	}
 }
@@ -367,7 +367,7 @@ func (d *Discovery) learn(mi stack.MemberInfo) {
 	if !mi.Physical.IsValid() {
 		return
 	}
-	_, _ = d.PassDownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: mi.Addr, Physical: mi.Physical})
+	_, _ = d.PassDownEvent(d.Context(), stack.EvAddPhysicalAddress{Logical: mi.Addr, Physical: mi.Physical})
 	if d.static == nil {
 		return
 	}

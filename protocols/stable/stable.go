@@ -134,7 +134,7 @@ func (s *STABLE) Gossip() {
 	if v == nil || v.Size() < 1 {
 		return
 	}
-	dv, err := s.PassDownEvent(context.Background(), stack.EvGetDigest{})
+	dv, err := s.PassDownEvent(s.Context(), stack.EvGetDigest{})
 	d, ok := dv.(stack.Digest)
 	if err != nil || !ok {
 		return
@@ -142,7 +142,7 @@ func (s *STABLE) Gossip() {
 	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.NoReliability)
 	m.PutHeader(s.ID(), &Header{ViewID: v.ID, Digest: d})
 	s.sent.Add(1)
-	_ = s.PassDown(context.Background(), m)
+	_ = s.PassDown(s.Context(), m)
 }
 
 // Up takes gossips; every other message counts towards max_bytes.
@@ -215,7 +215,7 @@ func (s *STABLE) handleGossip(src stack.Address, h *Header) {
 	clear(s.gossips)
 	s.mu.Unlock()
 	s.rounds.Add(1)
-	_, _ = s.PassDownEvent(context.Background(), stack.EvStable{Digest: minD})
+	_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: minD})
 }
 
 // DownEvent tracks the view.

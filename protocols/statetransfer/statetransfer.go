@@ -186,7 +186,7 @@ func (s *StateTransfer) send(dest stack.Address, h *Header, payload []byte) {
 	}
 	m := stack.NewMessage(dest, payload).Set(flags)
 	m.PutHeader(s.ID(), h)
-	_ = s.PassDown(context.Background(), m)
+	_ = s.PassDown(s.Context(), m)
 }
 
 // ErrNoProvider is returned by GetState when there is no other member to
@@ -355,7 +355,7 @@ func (s *StateTransfer) provide(to stack.Address, id uint64) {
 		// chunk, which went down before it on this goroutine.
 		m := stack.NewMessage(to, nil).Set(stack.Internal)
 		m.PutHeader(s.ID(), h)
-		_ = s.PassDown(context.Background(), m)
+		_ = s.PassDown(s.Context(), m)
 	})
 }
 

@@ -273,12 +273,12 @@ func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
 func (u *Unicast2) control(dest stack.Address, h *Header) {
 	m := stack.NewMessage(dest, nil).Set(stack.Internal)
 	m.PutHeader(u.ID(), h)
-	_ = u.PassDown(context.Background(), m)
+	_ = u.PassDown(u.Context(), m)
 }
 
 func (u *Unicast2) resend(m *stack.Message) {
 	u.st.xmits.Add(1)
-	_ = u.PassDown(context.Background(), m)
+	_ = u.PassDown(u.Context(), m)
 }
 
 // asFirst returns a copy of m marked as the first message of its connection.

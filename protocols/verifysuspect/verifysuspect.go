@@ -187,7 +187,7 @@ func (v *VerifySuspect) send(to stack.Address, typ uint8) {
 	} else {
 		v.answers.Add(1)
 	}
-	_ = v.PassDown(context.Background(), m)
+	_ = v.PassDown(v.Context(), m)
 }
 
 // alive clears a pending suspicion of a: it has shown a sign of life.
