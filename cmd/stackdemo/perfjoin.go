@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// runJoin is one member of a run across processes or hosts (-join): it
+// waits for -members members, the first in the view starts the run, the
+// first -senders send, and this member reports what it received.
+func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
+	if o.mode == "anycast" {
+		return nil, errors.New("-mode anycast is not supported with -join")
+	}
+	data, file, err := readConfig(o.config)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := stack.ParseConfigVars(file, data, nil)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	name := o.name
+	if name == "" {
+		h, _ := os.Hostname()
+		name = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	start := make(chan struct{})
+	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1),
+		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
+	pm.mu.Lock() // until this member knows its index
+	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))
+	if err != nil {
+		pm.mu.Unlock()
+		return nil, err
+	}
+	defer ch.Close()
+	pm.ch = ch
+	if err := ch.Connect(ctx, o.cluster); err != nil {
+		pm.mu.Unlock()
+		return nil, err
+	}
+	var members []stack.Address
+	for {
+		if v := ch.View(); v.Size() >= o.members {
+			members = v.Members[:o.members]
+			break
+		}
+		select {
+		case <-ctx.Done():
+			pm.mu.Unlock()
+			return nil, fmt.Errorf("waiting for %d members: %w", o.members, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	pm.idx = slices.Index(members, ch.Address())
+	pm.mu.Unlock()
+	if pm.idx < 0 {
+		return nil, fmt.Errorf("more than %d members joined %s", o.members, o.cluster)
+	}
+	if pm.idx == 0 {
+		// Again and again until the run ends: a joiner whose join digest
+		// was taken after the first GO would never get that one.
+		goCtx, stopGo := context.WithCancel(ctx)
+		defer stopGo()
+		go func() {
+			for goCtx.Err() == nil {
+				_ = ch.Send(goCtx, stack.NewMessage(stack.Address{}, control(kindGo, 0, 0)))
+				select {
+				case <-goCtx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	select {
+	case <-start:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the first member to start: %w", ctx.Err())
+	}
+	n := len(members)
+	var dests []int // the members this one sends to, by index
+	var from []int  // the senders this one receives from
+	for j := range n {
+		switch o.mode {
+		case "multicast":
+			if j != pm.idx {
+				dests = append(dests, j)
+				if j < o.senders {
+					from = append(from, j)
+				}
+			}
+		case "unicast":
+			if j == (pm.idx+1)%n {
+				dests = append(dests, j)
+			}
+			if (j+1)%n == pm.idx && j < o.senders {
+				from = append(from, j)
+			}
+		}
+	}
+	t0 := time.Now()
+	var lats []time.Duration
+	var sendErr error
+	if pm.idx < o.senders {
+		sendErr = sendJoined(ctx, o, pm, members, dests, &lats)
+	}
+	for _, j := range from {
+		for pm.gotFrom(j) < int64(o.count) && ctx.Err() == nil {
+			select {
+			case <-pm.wake:
+			case <-ctx.Done():
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	el := time.Since(t0)
+	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Seconds: el.Seconds(), Stats: map[string]int64{}}
+	if o.mode == "rpc" {
+		res.Latency = percentiles(lats)
+	}
+	if sendErr != nil {
+		res.Errors = append(res.Errors, sendErr.Error())
+	}
+	pm.mu.Lock()
+	res.Errors = append(res.Errors, pm.errs...)
+	span := pm.last.Sub(pm.first).Seconds()
+	pm.mu.Unlock()
+	got := int64(0)
+	for _, j := range from {
+		g := pm.gotFrom(j)
+		got += g
+		if g != int64(o.count) {
+			res.Errors = append(res.Errors, fmt.Sprintf("member %d (%s) got %d of member %d's %d messages", pm.idx, name, g, j, o.count))
+		}
+	}
+	mr := memberResult{Member: pm.idx, Msgs: got}
+	if span > 0 {
+		mr.MsgsPerS, mr.MBPerS = float64(got)/span, float64(got)*float64(o.size)/span/1e6
+	}
+	res.PerMember, res.TotalMsgs = []memberResult{mr}, got
+	res.MsgsPerS, res.MBPerS = mr.MsgsPerS, mr.MBPerS
+	for _, ps := range ch.Stats() {
+		for _, st := range ps.Stats {
+			switch st.Name {
+			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms", "dropped_queue_full_regular", "dropped_buffer_full":
+				res.Stats[ps.Protocol+"."+st.Name] += st.Value
+			}
+		}
+	}
+	// Stay until every member is done, so nobody's retransmissions are cut
+	// short by an early leave.
+	_ = ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindDone, pm.idx, 0)))
+	for ctx.Err() == nil {
+		pm.mu.Lock()
+		all := len(pm.dones) >= n
+		pm.mu.Unlock()
+		if all {
+			break
+		}
+		select {
+		case <-pm.wake:
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_ = ch.Disconnect(context.WithoutCancel(ctx))
+	return res, nil
+}
+
+// sendJoined sends this member's messages in -join mode, paced by the
+// stack's flow control only.
+func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, lats *[]time.Duration) error {
+	buf := make([]byte, o.size)
+	binary.BigEndian.PutUint32(buf[1:], uint32(pm.idx))
+	for s := range o.count {
+		binary.BigEndian.PutUint64(buf[5:], uint64(s))
+		if o.mode == "rpc" {
+			buf[0] = kindReq
+			to := members[(pm.idx+1+rand.IntN(len(members)-1))%len(members)]
+			t0 := time.Now()
+			if err := pm.ch.Send(ctx, stack.NewMessage(to, slices.Clone(buf[:perfHdr]))); err != nil {
+				return err
+			}
+			for done := false; !done; {
+				select {
+				case got := <-pm.rsp:
+					done = got == uint64(s)
+				case <-ctx.Done():
+					return fmt.Errorf("rpc %d: no answer: %w", s, ctx.Err())
+				}
+			}
+			*lats = append(*lats, time.Since(t0))
+			continue
+		}
+		buf[0] = kindData
+		dest := stack.Address{}
+		if o.mode == "unicast" {
+			dest = members[dests[0]]
+		}
+		m := stack.NewMessage(dest, slices.Clone(buf))
+		if o.oob {
+			m.Set(stack.OOB)
+		}
+		if err := pm.ch.Send(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}

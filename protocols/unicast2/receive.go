@@ -1,0 +1,220 @@
+package unicast2
+
+import (
+	"time"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// ---- receiving ----
+
+// Up handles one message carrying a UNICAST2 header.
+func (u *Unicast2) Up(m *stack.Message) {
+	if u.handle(m) {
+		u.deliverFrom(m.Src)
+	}
+}
+
+// UpBatch handles the batch's UNICAST2 messages under one pass and delivers
+// in-order messages as batches; other messages go up as they are.
+func (u *Unicast2) UpBatch(b *stack.Batch) {
+	srcs := map[stack.Address]bool{}
+	b.Keep(func(m *stack.Message) bool {
+		if m.Header(u.ID()) == nil {
+			return true
+		}
+		if u.handle(m) {
+			srcs[m.Src] = true
+		}
+		return false
+	})
+	u.PassUpBatch(b)
+	for s := range srcs {
+		u.deliverFrom(s)
+	}
+}
+
+// handle processes m and reports whether messages from m.Src may now be
+// deliverable in order.
+func (u *Unicast2) handle(m *stack.Message) bool {
+	h, ok := m.Header(u.ID()).(*Header)
+	if !ok {
+		u.PassUp(m)
+		return false
+	}
+	switch h.Type {
+	case typeData:
+		return u.handleData(m, h)
+	case typeStable:
+		u.handleStable(m.Src, h)
+	case typeSendFirstSeqno:
+		u.handleSendFirstSeqno(m.Src, h)
+	case typeXmitReq:
+		u.handleXmitReq(m.Src, h)
+	}
+	return false
+}
+
+func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
+	u.st.received.Add(1)
+	if h.Seqno == 0 {
+		u.st.impossible.Add(1) // seqnos start at 1
+		return false
+	}
+	src := m.Src
+	now := time.Now()
+	u.mu.Lock()
+	e := u.recv[src]
+	if e == nil || e.connID != h.ConnID {
+		if !h.First {
+			ask := u.mayAskFirst(src, now)
+			u.mu.Unlock()
+			u.st.firstDropped.Add(1)
+			if ask {
+				u.askFirst(src)
+			}
+			return false
+		}
+		start := h.Seqno
+		t, fromTomb := u.tombs[src]
+		fromTomb = fromTomb && !u.fixOff && t.connID == h.ConnID
+		if fromTomb && t.hd >= start {
+			start = t.hd + 1 // continue after what the closed connection delivered
+		}
+		u.Log().Debug("unicast2: receive connection opened", "from", src, "conn", h.ConnID, "first", h.Seqno, "start", start, "tomb", u.tombs[src])
+		delete(u.tombs, src)
+		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
+		if fromTomb {
+			// And the OOB messages it delivered above a gap: not again.
+			for _, s := range t.oob {
+				if s < start {
+					continue
+				}
+				e.buf[s] = nil
+				e.highest = max(e.highest, s)
+			}
+		}
+		u.recv[src] = e
+	}
+	if h.Seqno > e.next && h.Seqno-e.next >= maxAhead {
+		// Forged or corrupt: a real one is resent once the gap closes.
+		u.mu.Unlock()
+		u.st.impossible.Add(1)
+		return false
+	}
+	e.used = now
+	if _, dup := e.buf[h.Seqno]; dup || h.Seqno < e.next {
+		u.mu.Unlock()
+		u.st.duplicates.Add(1)
+		return false
+	}
+	oob := m.Has(stack.OOB)
+	size := int64(len(m.Payload))
+	if !oob && h.Seqno != e.next && u.cfg.MaxBuffered > 0 && e.buffered+size > int64(u.cfg.MaxBuffered) {
+		// Full (a sender beyond its credits, or a long gap): dropped and
+		// fetched again later. The next seqno to deliver is always taken,
+		// so delivery can move on and make room.
+		e.highest = max(e.highest, h.Seqno)
+		u.mu.Unlock()
+		u.st.bufferFull.Add(1)
+		return false
+	}
+	if oob {
+		e.buf[h.Seqno] = nil
+	} else {
+		e.buf[h.Seqno] = m
+		e.buffered += size
+		if e.buffered > u.st.bufferedPeak.Load() {
+			u.st.bufferedPeak.Store(e.buffered)
+		}
+	}
+	e.highest = max(e.highest, h.Seqno)
+	e.bytes += int64(len(m.Payload))
+	stableNow := e.bytes >= int64(u.cfg.MaxBytes)
+	var sh *Header
+	if stableNow {
+		sh = u.stableHeader(e)
+	}
+	u.mu.Unlock()
+	if sh != nil {
+		u.sendStable(src, sh)
+	}
+	if oob && m.SetTransientIfAbsent(stack.OOBDelivered) {
+		u.st.delivered.Add(1)
+		u.PassUp(m)
+	}
+	return true
+}
+
+// deliverFrom passes up, in order, what can be delivered from src. One
+// goroutine at a time delivers per source; others leave their messages to it.
+func (u *Unicast2) deliverFrom(src stack.Address) {
+	u.mu.Lock()
+	e := u.recv[src]
+	if e == nil || e.removing {
+		u.mu.Unlock()
+		return
+	}
+	e.removing = true
+	finished := false
+	defer func() {
+		if !finished {
+			u.mu.Lock()
+			e.removing = false
+			u.mu.Unlock()
+		}
+	}()
+	for {
+		if u.recv[src] != e { // closed meanwhile: its messages are not delivered
+			e.removing = false
+			finished = true
+			u.mu.Unlock()
+			return
+		}
+		msgs := e.spare[:0]
+		e.spare = nil
+		for {
+			m, ok := e.buf[e.next]
+			if !ok {
+				break
+			}
+			delete(e.buf, e.next)
+			e.next++
+			if m != nil {
+				e.buffered -= int64(len(m.Payload))
+				msgs = append(msgs, m)
+			}
+		}
+		if len(msgs) == 0 {
+			e.spare = msgs
+			e.removing = false
+			finished = true
+			u.mu.Unlock()
+			return
+		}
+		u.mu.Unlock()
+		u.st.delivered.Add(int64(len(msgs)))
+		if len(msgs) == 1 {
+			u.PassUp(msgs[0])
+		} else {
+			u.PassUpBatch(&stack.Batch{Src: src, Dest: u.LocalAddress(), Lane: stack.LaneRegular, Msgs: msgs})
+		}
+		clear(msgs)
+		u.mu.Lock()
+		e.spare = msgs[:0]
+	}
+}
+
+// mayAskFirst applies the SEND_FIRST_SEQNO rate limit; callers hold u.mu.
+func (u *Unicast2) mayAskFirst(src stack.Address, now time.Time) bool {
+	if last, ok := u.syncSent[src]; ok && now.Sub(last) < u.cfg.SyncMinInterval {
+		return false
+	}
+	u.syncSent[src] = now
+	return true
+}
+
+func (u *Unicast2) askFirst(src stack.Address) {
+	u.st.firstSent.Add(1)
+	u.control(src, &Header{Type: typeSendFirstSeqno, Timestamp: u.clock.Add(1)})
+}
