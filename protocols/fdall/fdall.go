@@ -74,7 +74,6 @@ type FDAll struct {
 	cfg Config
 
 	mu        sync.RWMutex
-	view      *stack.View
 	last      map[stack.Address]*atomic.Int64 // unix nanos of the last message heard
 	suspected map[stack.Address]bool          // guarded by mu (write lock)
 
@@ -100,7 +99,6 @@ func (f *FDAll) Init() error { return f.cfg.Validate() }
 // Start starts the heartbeat and the timeout check.
 func (f *FDAll) Start() error {
 	f.mu.Lock()
-	f.view = nil
 	clear(f.last)
 	clear(f.suspected)
 	f.mu.Unlock()
@@ -110,10 +108,7 @@ func (f *FDAll) Start() error {
 }
 
 func (f *FDAll) sendHeartbeat() {
-	f.mu.RLock()
-	alone := f.view.Size() < 2
-	f.mu.RUnlock()
-	if alone {
+	if f.View().Size() < 2 {
 		return
 	}
 	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.OOB | stack.NoReliability)
@@ -210,7 +205,6 @@ func (f *FDAll) setView(v *stack.View) {
 	self := f.LocalAddress()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.view = v
 	for a := range f.last {
 		if !v.Contains(a) {
 			delete(f.last, a)

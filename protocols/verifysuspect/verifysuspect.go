@@ -87,7 +87,6 @@ type VerifySuspect struct {
 	cfg Config
 
 	mu      sync.Mutex
-	view    *stack.View
 	pending map[stack.Address]*check
 	n       atomic.Int32 // len(pending), read without the lock on every message
 	kick    chan struct{}
@@ -116,7 +115,6 @@ func (v *VerifySuspect) Start() error {
 	v.mu.Lock()
 	clear(v.pending)
 	v.n.Store(0)
-	v.view = nil
 	v.mu.Unlock()
 	v.Go(v.loop)
 	return nil
@@ -253,9 +251,10 @@ func (v *VerifySuspect) suspect(as []stack.Address) {
 	now := time.Now()
 	self := v.LocalAddress()
 	added := false
+	vw := v.View()
 	v.mu.Lock()
 	for _, a := range as {
-		if a == self || v.pending[a] != nil || (v.view != nil && !v.view.Contains(a)) {
+		if a == self || v.pending[a] != nil || (vw != nil && !vw.Contains(a)) {
 			continue
 		}
 		v.pending[a] = &check{deadline: now.Add(v.cfg.Timeout), next: now, left: v.cfg.NumMsgs}
@@ -276,7 +275,6 @@ func (v *VerifySuspect) DownEvent(ctx context.Context, ev stack.Event) (any, err
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if nv := vc.View; nv != nil {
 			v.mu.Lock()
-			v.view = nv
 			for a := range v.pending {
 				if !nv.Contains(a) {
 					delete(v.pending, a)
