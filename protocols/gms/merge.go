@@ -60,14 +60,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	// after the flush: they must start the other subgroups' senders where
 	// the flush left them, or a member would deliver in the merge view what
 	// the others delivered in their old one.
-	var parts []stack.Address
-	for _, s := range subs {
-		for _, m := range s.view.Members {
-			if !slices.Contains(parts, m) {
-				parts = append(parts, m)
-			}
-		}
-	}
+	parts := mergeParticipants(subs)
 	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
 	if err != nil {
 		g.flushFailures.Add(1)
@@ -107,31 +100,13 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		}
 		subs = again
 	}
-	// The leader's subgroup first, then the others by coordinator; each
-	// member once; the digest takes each sender's entry from its subgroup.
-	slices.SortStableFunc(subs[1:], func(a, b mergeSub) int { return a.view.Coordinator().Compare(b.view.Coordinator()) })
-	var members []stack.Address
-	var views []*stack.View
 	var digest stack.Digest
-	seq := uint64(0)
-	for _, s := range subs {
-		views = append(views, s.view)
-		seq = max(seq, s.view.ID.Seq)
-		for _, m := range s.view.Members {
-			if slices.Contains(members, m) || slices.Contains(without, m) {
-				continue
-			}
-			members = append(members, m)
-			if e, ok := s.digest.Get(m); ok {
-				digest = append(digest, e)
-			}
-		}
-	}
+	mv, digest = planMerge(self, subs, without)
+	members := mv.Members
 	if len(without) > 0 {
 		g.Log().Warn("merge: excluding members the flush went on without", "excluded", without)
 		g.flushExclusions.Add(int64(len(without)))
 	}
-	mv = stack.NewMergeView(self, seq+1, members, views)
 	g.Log().Info("installing merge view", "view", mv)
 	expect := map[stack.Address]bool{}
 	for _, m := range members {

@@ -107,3 +107,44 @@ func withoutUnflushed(nv *stack.View, without []stack.Address) (*stack.View, []s
 	}
 	return stack.NewView(nv.ID.Creator, nv.ID.Seq, members...), excluded
 }
+
+// mergeParticipants lists every member of every subgroup of a merge, once:
+// they all take part in the flush before the merge view.
+func mergeParticipants(subs []mergeSub) []stack.Address {
+	var parts []stack.Address
+	for _, s := range subs {
+		for _, m := range s.view.Members {
+			if !slices.Contains(parts, m) {
+				parts = append(parts, m)
+			}
+		}
+	}
+	return parts
+}
+
+// planMerge composes the merge view the leader self installs: its own
+// subgroup (subs[0]) first, then the others by coordinator; each member
+// once, in its first subgroup's order; none of without (members the flush
+// went on without); numbered above every subgroup's view. The digest takes
+// each member's entry from the subgroup it is listed in. It sorts subs[1:].
+func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*stack.View, stack.Digest) {
+	slices.SortStableFunc(subs[1:], func(a, b mergeSub) int { return a.view.Coordinator().Compare(b.view.Coordinator()) })
+	var members []stack.Address
+	var views []*stack.View
+	var digest stack.Digest
+	seq := uint64(0)
+	for _, s := range subs {
+		views = append(views, s.view)
+		seq = max(seq, s.view.ID.Seq)
+		for _, m := range s.view.Members {
+			if slices.Contains(members, m) || slices.Contains(without, m) {
+				continue
+			}
+			members = append(members, m)
+			if e, ok := s.digest.Get(m); ok {
+				digest = append(digest, e)
+			}
+		}
+	}
+	return stack.NewMergeView(self, seq+1, members, views), digest
+}

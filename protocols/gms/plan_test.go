@@ -1,6 +1,7 @@
 package gms
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -118,4 +119,36 @@ func TestWithoutUnflushed(t *testing.T) {
 	require.Equal(t, []stack.Address{a}, got.Members)
 	require.Equal(t, nv.ID, got.ID)
 	require.Equal(t, []stack.Address{b, c}, ex, "excluded in the view's order")
+}
+
+// TestPlanMerge checks the merge view a leader composes: its own subgroup
+// first, the others by coordinator, each member once (a member in two
+// subgroups' views counts in the first), without the members the flush went
+// on without, numbered above every subgroup, with each member's digest entry
+// from the subgroup it is listed in, and every subgroup's view recorded.
+func TestPlanMerge(t *testing.T) {
+	lo, mid, hi, x, y := sortedAddrs()
+	e := func(m stack.Address, n uint64) stack.DigestEntry {
+		return stack.DigestEntry{Member: m, HighestDelivered: n, HighestReceived: n}
+	}
+	own := mergeSub{view: stack.NewView(mid, 4, mid, x), digest: stack.Digest{e(mid, 10), e(x, 11)}}
+	high := mergeSub{view: stack.NewView(hi, 9, hi, y, x), digest: stack.Digest{e(hi, 20), e(y, 21), e(x, 99)}}
+	low := mergeSub{view: stack.NewView(lo, 2, lo), digest: stack.Digest{e(lo, 30)}}
+
+	mv, d := planMerge(mid, []mergeSub{own, high, low}, []stack.Address{y})
+	require.Equal(t, []stack.Address{mid, x, lo, hi}, mv.Members, "own subgroup first, then by coordinator; x once; y excluded")
+	require.Equal(t, stack.ViewID{Creator: mid, Seq: 10}, mv.ID)
+	require.Equal(t, stack.Digest{e(mid, 10), e(x, 11), e(lo, 30), e(hi, 20)}, d, "x's entry from its own subgroup")
+	require.Equal(t, []*stack.View{own.view, low.view, high.view}, mv.Subgroups)
+	require.Equal(t, []stack.Address{mid, x, lo, hi, y}, mergeParticipants([]mergeSub{own, low, high}), "every member flushes, once")
+}
+
+// sortedAddrs returns five addresses in address order.
+func sortedAddrs() (a, b, c, d, e stack.Address) {
+	as := make([]stack.Address, 5)
+	for i := range as {
+		as[i] = stack.NewAddress()
+	}
+	slices.SortFunc(as, stack.Address.Compare)
+	return as[0], as[1], as[2], as[3], as[4]
 }
