@@ -90,3 +90,39 @@ func (ir *initRound) awaiting(self stack.Address, view *stack.View, suspects map
 	}
 	return missing
 }
+
+// stopAction is what a participant does with a STOP_FLUSH or an ABORT.
+type stopAction uint8
+
+const (
+	// stopIgnore: not this member's round (an old one, or another
+	// initiator's); it only answers UNBLOCKED.
+	stopIgnore stopAction = iota
+	// stopUnblock: the round ends here; release what it held and open the
+	// gate.
+	stopUnblock
+	// stopAwaitView: the stop names a view this member does not have yet;
+	// it stays blocked until that view comes.
+	stopAwaitView
+	// stopAbortViewChange: a view change's round was abandoned; the member
+	// may send again but delivers nothing more of the others until a view
+	// comes (it may not be in the next one).
+	stopAbortViewChange
+)
+
+// onStop decides what a participant blocked for cur (nil: none; joining: it
+// is joining and blocked since it asked) with view does with the stop or
+// abort h.
+func onStop(h *Header, cur *partRound, joining bool, view *stack.View) stopAction {
+	mine := cur != nil && cur.id == h.Round
+	joiner := cur == nil && joining
+	switch {
+	case !mine && !joiner:
+		return stopIgnore
+	case h.Type == typeStop && h.View.Seq > 0 && (view == nil || view.ID.Seq < h.View.Seq):
+		return stopAwaitView
+	case mine && h.Type == typeAbort && cur.vc:
+		return stopAbortViewChange
+	}
+	return stopUnblock
+}

@@ -110,3 +110,42 @@ func TestMaxDigest(t *testing.T) {
 	}, got)
 	require.Len(t, rc.Target, 3)
 }
+
+// TestOnStop checks a participant's answer to a STOP_FLUSH or ABORT: only
+// its own round's (or, while joining, any) ends its block; a stop naming a
+// view it does not have yet waits for that view (so it never sends in the
+// old view what the others deliver in the new one); an abandoned view
+// change lets it send but not deliver.
+func TestOnStop(t *testing.T) {
+	init, other := stack.NewAddress(), stack.NewAddress()
+	id := RoundID{Initiator: init, N: 3}
+	view5 := stack.NewView(init, 5, init, other)
+	stop := func(r RoundID, viewSeq uint64) *Header {
+		return &Header{Type: typeStop, Round: r, View: stack.ViewID{Creator: init, Seq: viewSeq}}
+	}
+	abort := &Header{Type: typeAbort, Round: id}
+	app, vc := &partRound{id: id}, &partRound{id: id, vc: true}
+	cases := []struct {
+		name    string
+		h       *Header
+		cur     *partRound
+		joining bool
+		view    *stack.View
+		want    stopAction
+	}{
+		{"another round's stop", stop(RoundID{Initiator: other, N: 1}, 0), app, false, view5, stopIgnore},
+		{"no round and not joining", stop(id, 0), nil, false, view5, stopIgnore},
+		{"the round's stop", stop(id, 0), app, false, view5, stopUnblock},
+		{"a stop naming the view this member has", stop(id, 5), vc, false, view5, stopUnblock},
+		{"a stop naming a view this member lacks", stop(id, 6), vc, false, view5, stopAwaitView},
+		{"a joiner's stop before its first view", stop(id, 6), nil, true, nil, stopAwaitView},
+		{"a joiner's stop with its view", stop(id, 5), nil, true, view5, stopUnblock},
+		{"an application round aborted", abort, app, false, view5, stopUnblock},
+		{"a view change aborted", abort, vc, false, view5, stopAbortViewChange},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, onStop(tc.h, tc.cur, tc.joining, tc.view))
+		})
+	}
+}

@@ -141,9 +141,8 @@ func (f *FLUSH) handleStop(src stack.Address, h *Header) {
 	if h.Round.N > f.done[src] {
 		f.done[src] = h.Round.N
 	}
-	mine := f.cur != nil && f.cur.id == h.Round
-	joiner := f.cur == nil && f.joining
-	if (mine || joiner) && h.Type == typeStop && h.View.Seq > 0 && (f.view == nil || f.view.ID.Seq < h.View.Seq) {
+	act := onStop(h, f.cur, f.joining, f.view)
+	if act == stopAwaitView {
 		// The view this round installed has not reached this member yet
 		// (its copy was lost): unblocked now, it would send in the old view
 		// what the others deliver in the new one. It unblocks when the view
@@ -154,20 +153,19 @@ func (f *FLUSH) handleStop(src stack.Address, h *Header) {
 		f.stopsDeferred.Add(1)
 		return
 	}
-	abortVC := mine && h.Type == typeAbort && f.cur.vc
-	if abortVC {
+	if act == stopAbortViewChange {
 		f.heldSince = time.Now()
 	}
 	f.mu.Unlock()
-	switch {
-	case abortVC:
+	switch act {
+	case stopAbortViewChange:
 		// The initiator gave up on this attempt and may go on without
 		// this member, which is then not in the next view. It may send
 		// again, but delivers nothing beyond what it had delivered until
 		// a view comes (or timeout passes): what the others send now
 		// belongs to a view it may not be in.
 		f.open(false)
-	case mine || joiner:
+	case stopUnblock:
 		f.unblock()
 	}
 	f.pmu.Unlock()
