@@ -27,28 +27,23 @@ type options struct {
 
 // FromFile takes the stack from a TOML stack config file.
 func FromFile(path string) Option {
-	return source(func(vars map[string]string) ([]Protocol, error) {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, &ConfigError{File: path, Reason: err.Error()}
-		}
-		sc, err := ParseConfigVars(path, data, vars)
-		if err != nil {
-			return nil, err
-		}
-		return sc.Build()
-	})
+	return fromBytes(path, func() ([]byte, error) { return os.ReadFile(path) })
 }
 
 // FromFS takes the stack from the TOML config at path in fsys, for example
 // one of the shipped configs embedded in configs.FS.
 func FromFS(fsys fs.FS, path string) Option {
+	return fromBytes(path, func() ([]byte, error) { return fs.ReadFile(fsys, path) })
+}
+
+// fromBytes takes the stack from the config read reads, named file.
+func fromBytes(file string, read func() ([]byte, error)) Option {
 	return source(func(vars map[string]string) ([]Protocol, error) {
-		data, err := fs.ReadFile(fsys, path)
+		data, err := read()
 		if err != nil {
-			return nil, &ConfigError{File: path, Reason: err.Error()}
+			return nil, &ConfigError{File: file, Reason: err.Error()}
 		}
-		sc, err := ParseConfigVars(path, data, vars)
+		sc, err := ParseConfigVars(file, data, vars)
 		if err != nil {
 			return nil, err
 		}
