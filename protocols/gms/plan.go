@@ -148,3 +148,50 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 	}
 	return stack.NewMergeView(self, seq+1, members, views), digest
 }
+
+// viewAction is what a member does with a view it received.
+type viewAction uint8
+
+const (
+	// viewInstall: install it (unless it is this member's own view coming
+	// back) and acknowledge it.
+	viewInstall viewAction = iota
+	// viewIgnore: a view while still joining (it comes with the join
+	// answer), or from a member with no say in it (forged or stray);
+	// counted as ignored.
+	viewIgnore
+	// viewStale: a view without this member that is not newer than its
+	// own, or its own; nothing to do.
+	viewStale
+	// viewLeft: this member is leaving and the view without it confirms it.
+	viewLeft
+	// viewExcluded: the group went on without this member while it is
+	// alive; it acknowledges, carries on alone, and merges back.
+	viewExcluded
+)
+
+// onView decides what member self, in view cur (nil: still joining) and
+// leaving or not, does with view v received from src. A view comes from a
+// member of the current view or of the view itself (a merge leader); one
+// that excludes this member only from a member of the current view, or
+// from a merge leader whose merge view names this member's view as a
+// subgroup and leaves this member out (the merge's flush went on without
+// it). Anything else is forged or stray.
+func onView(self, src stack.Address, cur, v *stack.View, leaving bool) viewAction {
+	if cur == nil {
+		return viewIgnore
+	}
+	named := v.IsMerge() && slices.ContainsFunc(v.Subgroups, func(s *stack.View) bool { return s.ID == cur.ID })
+	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) && !(named && !v.Contains(self)) {
+		return viewIgnore
+	}
+	switch {
+	case v.Contains(self):
+		return viewInstall
+	case !newer(v, cur) || src == self:
+		return viewStale
+	case leaving:
+		return viewLeft
+	}
+	return viewExcluded
+}

@@ -152,3 +152,40 @@ func sortedAddrs() (a, b, c, d, e stack.Address) {
 	slices.SortFunc(as, stack.Address.Compare)
 	return as[0], as[1], as[2], as[3], as[4]
 }
+
+// TestOnView checks what a member does with a view it receives: only
+// members with a say in a view are heard (a member of the current view, or
+// of the view itself when this member is in it, or a merge leader whose
+// merge view names this member's view and leaves it out); a newer view
+// without this member is its exclusion, or confirms its leave.
+func TestOnView(t *testing.T) {
+	a, b, c, out, self := sortedAddrs()
+	cur := stack.NewView(a, 5, a, b, self)
+	other := stack.NewView(c, 7, c)
+	cases := []struct {
+		name    string
+		src     stack.Address
+		cur     *stack.View
+		v       *stack.View
+		leaving bool
+		want    viewAction
+	}{
+		{"still joining", a, nil, stack.NewView(a, 6, a, self), false, viewIgnore},
+		{"the next view from the coordinator", a, cur, stack.NewView(a, 6, a, b, self), false, viewInstall},
+		{"this member's own view coming back", self, cur, stack.NewView(self, 6, self, b), false, viewInstall},
+		{"a view with this member from a member of that view (a merge leader)", c, cur, stack.NewView(c, 8, c, a, b, self), false, viewInstall},
+		{"a view with this member from an outsider not in it", out, cur, stack.NewView(a, 6, a, b, self), false, viewIgnore},
+		{"an exclusion from an outsider", out, cur, stack.NewView(out, 9, out, a), false, viewIgnore},
+		{"an exclusion from a member of the view it names (not of this member's)", c, cur, stack.NewView(c, 9, c, a), false, viewIgnore},
+		{"an exclusion from a member of the current view", b, cur, stack.NewView(b, 6, b, a), false, viewExcluded},
+		{"an older view without this member", b, cur, stack.NewView(b, 4, b, a), false, viewStale},
+		{"the view after this member's leave", a, cur, stack.NewView(a, 6, a, b), true, viewLeft},
+		{"a merge view that names this member's view and leaves it out", c, cur, stack.NewMergeView(c, 8, []stack.Address{c, a, b}, []*stack.View{other, cur}), false, viewExcluded},
+		{"a merge view without this member that does not name its view", c, cur, stack.NewMergeView(c, 8, []stack.Address{c, a}, []*stack.View{other}), false, viewIgnore},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, onView(self, tc.src, tc.cur, tc.v, tc.leaving))
+		})
+	}
+}

@@ -1,8 +1,6 @@
 package gms
 
 import (
-	"slices"
-
 	"github.com/strata-go/strata/stack"
 )
 
@@ -102,30 +100,16 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
 	g.mu.Lock()
 	cur, leaving := g.view, g.leaving
 	g.mu.Unlock()
-	if cur == nil {
-		// Still joining: the view comes with the join answer.
+	switch onView(self, src, cur, v, leaving) {
+	case viewIgnore:
 		g.msgsIgnored.Add(1)
 		return
-	}
-	// A view comes from a member of the current view or of the view itself
-	// (a merge leader); one that excludes this member only from a member of
-	// the current view. Anything else is forged or stray.
-	// A merge view that names this member's view as one of its subgroups
-	// but leaves this member out (the merge's flush went on without it)
-	// comes from a leader outside that view, and is this member's exclusion.
-	named := v.IsMerge() && slices.ContainsFunc(v.Subgroups, func(s *stack.View) bool { return s.ID == cur.ID })
-	if src != self && !cur.Contains(src) && (!v.Contains(src) || !v.Contains(self)) && !(named && !v.Contains(self)) {
-		g.msgsIgnored.Add(1)
+	case viewStale:
 		return
-	}
-	if !v.Contains(self) {
-		if !newer(v, cur) || src == self {
-			return
-		}
-		if leaving {
-			g.leftGroup()
-			return
-		}
+	case viewLeft:
+		g.leftGroup()
+		return
+	case viewExcluded:
 		// Excluded (suspected while alive, or left out of a flush): say
 		// so to the coordinator, which waits for it, and carry on alone;
 		// MERGE3 brings this member back.
