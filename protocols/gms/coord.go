@@ -162,24 +162,12 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 			_, _ = g.PassUpEvent(stack.EvStopFlush{Participants: joiners, AwaitState: stateJoiners, View: nv, ViewChange: true})
 		}
 	}()
-	expect := map[stack.Address]bool{}
-	for _, m := range nv.Members {
-		if m != self {
-			expect[m] = true
-		}
-	}
 	// An excluded member is told too, as reliably as the members: until it
 	// knows, its NAKACK holds the others' next messages, which it could
 	// only deliver in the old view. It acknowledges and goes on alone.
-	for _, m := range excluded {
-		expect[m] = true
-	}
-	aw := &ackWait{id: nv.ID, missing: expect, done: make(chan struct{})}
+	aw := g.newAckWait(nv.ID, append(slices.DeleteFunc(slices.Clone(nv.Members), func(m stack.Address) bool { return m == self }), excluded...))
 	g.mu.Lock()
 	g.acks = aw
-	if len(expect) == 0 {
-		close(aw.done)
-	}
 	g.mu.Unlock()
 	// The joiners' digest is taken before the view is installed here or
 	// sent: a member (this one first) may multicast the moment it has the
@@ -228,9 +216,6 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 // one (and a leaving coordinator would leave them there for good). A member
 // suspected meanwhile is no longer awaited; max_view_ack_wait bounds it all.
 func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
-	t := time.NewTicker(g.cfg.ViewAckTimeout)
-	defer t.Stop()
-	until := time.Now().Add(g.cfg.MaxViewAckWait)
 	defer func() {
 		g.mu.Lock()
 		if g.acks == aw {
@@ -239,21 +224,27 @@ func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
 		g.mu.Unlock()
 	}()
 	for {
+		g.mu.Lock()
+		wake := aw.due()
+		g.mu.Unlock()
+		t := time.NewTimer(time.Until(wake))
 		select {
 		case <-aw.done:
+			t.Stop()
 			return
 		case <-g.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
 		g.mu.Lock()
-		var missing []stack.Address
-		for a := range aw.missing {
-			missing = append(missing, a)
-		}
+		missing, giveUp := aw.tick(time.Now())
 		g.mu.Unlock()
+		if missing == nil && !giveUp {
+			continue // not due yet, or acknowledged meanwhile
+		}
 		g.ackTimeouts.Add(1)
-		if !time.Now().Before(until) {
+		if giveUp {
 			g.Log().Warn("view not acknowledged by every member within max_view_ack_wait", "view", aw.id, "missing", missing, "max_view_ack_wait", g.cfg.MaxViewAckWait)
 			return
 		}
@@ -268,12 +259,7 @@ func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
 func (g *GMS) ack(from stack.Address, id stack.ViewID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	aw := g.acks
-	if aw == nil || aw.id != id || !aw.missing[from] {
-		return
-	}
-	delete(aw.missing, from)
-	if len(aw.missing) == 0 {
-		close(aw.done)
+	if aw := g.acks; aw != nil {
+		aw.settle(aw.ack(from, id))
 	}
 }

@@ -104,11 +104,29 @@ type request struct {
 	above  uint64          // reqRefresh: the new view's number goes above this
 }
 
-// ackWait collects the acknowledgements of one view.
+// ackWait collects the acknowledgements of one view: the tracker (plan.go,
+// time passed in) and a channel closed when it is complete.
 type ackWait struct {
-	id      stack.ViewID
-	missing map[stack.Address]bool
-	done    chan struct{}
+	*viewAcks
+	done chan struct{}
+}
+
+// newAckWait awaits the acknowledgements of view id from expect; the
+// coordinator itself is never awaited.
+func (g *GMS) newAckWait(id stack.ViewID, expect []stack.Address) *ackWait {
+	aw := &ackWait{viewAcks: newViewAcks(id, expect, time.Now(), g.cfg.ViewAckTimeout, g.cfg.MaxViewAckWait), done: make(chan struct{})}
+	if aw.complete() {
+		close(aw.done)
+	}
+	return aw
+}
+
+// settle closes done when the last acknowledgement came; callers hold
+// g.mu and pass what the tracker reported.
+func (aw *ackWait) settle(completed bool) {
+	if completed {
+		close(aw.done)
+	}
 }
 
 // mergeState is a coordinator's part in one merge.

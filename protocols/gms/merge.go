@@ -108,13 +108,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		g.flushExclusions.Add(int64(len(without)))
 	}
 	g.Log().Info("installing merge view", "view", mv)
-	expect := map[stack.Address]bool{}
-	for _, m := range members {
-		if m != self {
-			expect[m] = true
-		}
-	}
-	aw := &ackWait{id: mv.ID, missing: expect, done: make(chan struct{})}
+	aw := g.newAckWait(mv.ID, slices.DeleteFunc(slices.Clone(members), func(m stack.Address) bool { return m == self }))
 	g.mu.Lock()
 	g.acks = aw
 	g.mu.Unlock()

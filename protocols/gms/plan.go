@@ -1,7 +1,9 @@
 package gms
 
 import (
+	"maps"
 	"slices"
+	"time"
 
 	"github.com/strata-go/strata/stack"
 )
@@ -194,4 +196,73 @@ func onView(self, src stack.Address, cur, v *stack.View, leaving bool) viewActio
 		return viewLeft
 	}
 	return viewExcluded
+}
+
+// viewAcks tracks the acknowledgements of one view at its coordinator:
+// who is still awaited, when the view goes again to those that have not
+// acknowledged it (every `every`), and when the coordinator stops waiting
+// (maxWait after the start). Time is passed in; it has no clock or lock.
+type viewAcks struct {
+	id      stack.ViewID
+	missing map[stack.Address]bool
+	next    time.Time // the next resend
+	until   time.Time // give up
+	every   time.Duration
+}
+
+func newViewAcks(id stack.ViewID, expect []stack.Address, now time.Time, every, maxWait time.Duration) *viewAcks {
+	a := &viewAcks{id: id, missing: map[stack.Address]bool{}, next: now.Add(every), until: now.Add(maxWait), every: every}
+	for _, m := range expect {
+		a.missing[m] = true
+	}
+	return a
+}
+
+// ack takes from's acknowledgement of view id; it reports whether that was
+// the last one awaited.
+func (a *viewAcks) ack(from stack.Address, id stack.ViewID) bool {
+	if id != a.id {
+		return false
+	}
+	return a.forget(from)
+}
+
+// forget stops awaiting m (suspected); it reports whether m was the last
+// one awaited.
+func (a *viewAcks) forget(m stack.Address) bool {
+	if !a.missing[m] {
+		return false
+	}
+	delete(a.missing, m)
+	return len(a.missing) == 0
+}
+
+// complete reports whether every acknowledgement has come.
+func (a *viewAcks) complete() bool { return len(a.missing) == 0 }
+
+// due returns when tick has something to do.
+func (a *viewAcks) due() time.Time {
+	if a.until.Before(a.next) {
+		return a.until
+	}
+	return a.next
+}
+
+// tick returns, at now, the members to send the view again (in address
+// order; nil when no resend is due or none is missing), or giveUp once
+// maxWait has passed (with those still missing).
+func (a *viewAcks) tick(now time.Time) (missing []stack.Address, giveUp bool) {
+	if a.complete() {
+		return nil, false
+	}
+	if !now.Before(a.until) {
+		return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), true
+	}
+	if now.Before(a.next) {
+		return nil, false
+	}
+	for !a.next.After(now) {
+		a.next = a.next.Add(a.every)
+	}
+	return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), false
 }

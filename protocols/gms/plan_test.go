@@ -3,6 +3,7 @@ package gms
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -188,4 +189,48 @@ func TestOnView(t *testing.T) {
 			require.Equal(t, tc.want, onView(self, tc.src, tc.cur, tc.v, tc.leaving))
 		})
 	}
+}
+
+// TestViewAcks walks the acknowledgements of one view in time: the view
+// goes again every view_ack_timeout to those that have not acknowledged
+// it, an acknowledgement of another view does not count, a suspected
+// member is no longer awaited, and after max_view_ack_wait the coordinator
+// gives up.
+func TestViewAcks(t *testing.T) {
+	a, b, c, _, _ := sortedAddrs()
+	id := stack.ViewID{Creator: a, Seq: 4}
+	t0 := time.Unix(1000, 0)
+	sec := func(n float64) time.Time { return t0.Add(time.Duration(n * float64(time.Second))) }
+	acks := newViewAcks(id, []stack.Address{b, c}, t0, 2*time.Second, 5*time.Second)
+	require.Equal(t, sec(2), acks.due())
+
+	miss, giveUp := acks.tick(sec(1.9))
+	require.Nil(t, miss, "nothing due before view_ack_timeout")
+	require.False(t, giveUp)
+
+	require.False(t, acks.ack(b, stack.ViewID{Creator: a, Seq: 3}), "an older view's ack does not count")
+	miss, _ = acks.tick(sec(2))
+	require.Equal(t, []stack.Address{b, c}, miss, "both get the view again")
+	require.Equal(t, sec(4), acks.due())
+
+	require.False(t, acks.ack(b, id))
+	require.False(t, acks.ack(b, id), "a duplicate ack is nothing new")
+	miss, giveUp = acks.tick(sec(4.5))
+	require.Equal(t, []stack.Address{c}, miss)
+	require.False(t, giveUp)
+	require.Equal(t, sec(5), acks.due(), "max_view_ack_wait comes before the next resend")
+
+	miss, giveUp = acks.tick(sec(5))
+	require.Equal(t, []stack.Address{c}, miss)
+	require.True(t, giveUp, "max_view_ack_wait passed")
+
+	acks = newViewAcks(id, []stack.Address{b, c}, t0, 2*time.Second, 5*time.Second)
+	require.False(t, acks.forget(b))
+	require.True(t, acks.ack(c, id), "the last one awaited")
+	require.True(t, acks.complete())
+	miss, giveUp = acks.tick(sec(9))
+	require.Nil(t, miss)
+	require.False(t, giveUp, "complete: nothing to resend, no giving up")
+
+	require.True(t, newViewAcks(id, nil, t0, time.Second, time.Second).complete(), "a view of the coordinator alone")
 }

@@ -228,11 +228,8 @@ func (g *GMS) suspect(as []stack.Address) {
 			added = true
 		}
 		// A view's acknowledgement is no longer awaited from it.
-		if aw := g.acks; aw != nil && aw.missing[a] {
-			delete(aw.missing, a)
-			if len(aw.missing) == 0 {
-				close(aw.done)
-			}
+		if aw := g.acks; aw != nil {
+			aw.settle(aw.forget(a))
 		}
 	}
 	coord := g.view != nil && g.coordLocked() == self
