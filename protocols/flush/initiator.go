@@ -196,10 +196,7 @@ func (e *noAnswer) Error() string {
 // answered: participants take duplicates in their stride, and a lost or
 // slow copy then never costs the whole timeout.
 func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration, again func(p stack.Address)) error {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	resend := time.NewTicker(timeout / 4)
-	defer resend.Stop()
+	retry := stack.NewRetry(time.Now(), timeout/4, timeout)
 	for {
 		f.mu.Lock()
 		refused := ir.refused
@@ -212,20 +209,27 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 		case len(missing) == 0:
 			return nil
 		}
+		t := time.NewTimer(time.Until(retry.Due()))
 		select {
 		case <-ir.wake:
-		case <-resend.C:
-			for _, p := range missing {
-				again(p)
-			}
 		case <-t.C:
-			f.Log().Warn("flush: participants did not answer in time", "round", ir.id, "awaiting", typeNames[phase], "missing", missing, "timeout", timeout)
-			return &noAnswer{round: ir.id, phase: phase, missing: missing, timeout: timeout}
+			switch resend, expired := retry.At(time.Now()); {
+			case expired:
+				f.Log().Warn("flush: participants did not answer in time", "round", ir.id, "awaiting", typeNames[phase], "missing", missing, "timeout", timeout)
+				return &noAnswer{round: ir.id, phase: phase, missing: missing, timeout: timeout}
+			case resend:
+				for _, p := range missing {
+					again(p)
+				}
+			}
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		case <-f.Done():
+			t.Stop()
 			return stack.ErrClosed
 		}
+		t.Stop()
 	}
 }
 

@@ -199,19 +199,17 @@ func onView(self, src stack.Address, cur, v *stack.View, leaving bool) viewActio
 }
 
 // viewAcks tracks the acknowledgements of one view at its coordinator:
-// who is still awaited, when the view goes again to those that have not
-// acknowledged it (every `every`), and when the coordinator stops waiting
-// (maxWait after the start). Time is passed in; it has no clock or lock.
+// who is still awaited, and (the retry schedule) when the view goes again
+// to those that have not acknowledged it and when the coordinator stops
+// waiting. Time is passed in; it has no clock or lock.
 type viewAcks struct {
 	id      stack.ViewID
 	missing map[stack.Address]bool
-	next    time.Time // the next resend
-	until   time.Time // give up
-	every   time.Duration
+	retry   stack.Retry
 }
 
 func newViewAcks(id stack.ViewID, expect []stack.Address, now time.Time, every, maxWait time.Duration) *viewAcks {
-	a := &viewAcks{id: id, missing: map[stack.Address]bool{}, next: now.Add(every), until: now.Add(maxWait), every: every}
+	a := &viewAcks{id: id, missing: map[stack.Address]bool{}, retry: stack.NewRetry(now, every, maxWait)}
 	for _, m := range expect {
 		a.missing[m] = true
 	}
@@ -241,28 +239,18 @@ func (a *viewAcks) forget(m stack.Address) bool {
 func (a *viewAcks) complete() bool { return len(a.missing) == 0 }
 
 // due returns when tick has something to do.
-func (a *viewAcks) due() time.Time {
-	if a.until.Before(a.next) {
-		return a.until
-	}
-	return a.next
-}
+func (a *viewAcks) due() time.Time { return a.retry.Due() }
 
 // tick returns, at now, the members to send the view again (in address
 // order; nil when no resend is due or none is missing), or giveUp once
-// maxWait has passed (with those still missing).
+// max_view_ack_wait has passed (with those still missing).
 func (a *viewAcks) tick(now time.Time) (missing []stack.Address, giveUp bool) {
 	if a.complete() {
 		return nil, false
 	}
-	if !now.Before(a.until) {
-		return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), true
-	}
-	if now.Before(a.next) {
+	resend, expired := a.retry.At(now)
+	if !resend && !expired {
 		return nil, false
 	}
-	for !a.next.After(now) {
-		a.next = a.next.Add(a.every)
-	}
-	return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), false
+	return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), expired
 }
