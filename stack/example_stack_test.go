@@ -22,7 +22,7 @@ func Example_stackInGo() {
 		sc := sim.DefaultConfig()
 		sc.Network = "stack-in-go"
 		pc := ping.DefaultConfig()
-		pc.Timeout = 100 * time.Millisecond
+		pc.Timeout = time.Second // the first member waits this long for others
 		gc := gms.DefaultConfig()
 		gc.PrintLocalAddr = false
 		return stack.FromProtocols(sim.New(sc), ping.New(pc), nakack.New(nakack.DefaultConfig()),

@@ -10,15 +10,15 @@ import (
 	"github.com/strata-go/strata/stack"
 )
 
-// flushStack is flush.toml's stack over the in-memory network, with short
-// timeouts: FLUSH on top, STATE_TRANSFER below it.
+// flushStack is flush.toml's stack over the in-memory network: FLUSH on
+// top, STATE_TRANSFER below it.
 const flushStack = `
 [[protocol]]
 type = "SIM"
 network = "flush-example"
 [[protocol]]
 type = "PING"
-timeout = "100ms"
+timeout = "1s" # the first member waits this long for others
 [[protocol]]
 type = "NAKACK"
 [[protocol]]

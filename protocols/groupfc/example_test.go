@@ -10,16 +10,16 @@ import (
 	"github.com/strata-go/strata/stack"
 )
 
-// exampleStack is groupfc.toml's stack over the in-memory network, with
-// short timeouts: discovery, membership, reliable multicast and unicast,
-// and GROUPFC on top. ${INSTANCE} is each member's instance.
+// exampleStack is groupfc.toml's stack over the in-memory network:
+// discovery, membership, reliable multicast and unicast, and GROUPFC on
+// top. ${INSTANCE} is each member's instance.
 const exampleStack = `
 [[protocol]]
 type = "SIM"
 network = "groupfc-example"
 [[protocol]]
 type = "PING"
-timeout = "100ms"
+timeout = "1s" # the first member waits this long for others
 [[protocol]]
 type = "NAKACK"
 [[protocol]]
