@@ -1,0 +1,36 @@
+package stack_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/strata-go/strata/protocols/all" // registers every protocol
+	"github.com/strata-go/strata/stack"
+)
+
+// TestNewChoosesOneStack: without a stack option New builds the default
+// stack (udp.toml); with two it refuses and says so; a config that cannot
+// be read is named in the error.
+func TestNewChoosesOneStack(t *testing.T) {
+	ch, err := stack.New(stack.WithName("A"))
+	require.NoError(t, err)
+	var names []string
+	for _, p := range ch.Stack().Protocols() {
+		names = append(names, p.Name())
+	}
+	require.Equal(t, "UDP", names[0], "the default stack is udp.toml")
+	require.Contains(t, names, "GMS")
+	require.NoError(t, ch.Close())
+
+	_, err = stack.New(stack.Shipped("sim.toml"), stack.Shipped("udp.toml"))
+	require.ErrorContains(t, err, "more than one stack")
+
+	_, err = stack.New(stack.FromFile("no-such-stack.toml"))
+	require.ErrorContains(t, err, "no-such-stack.toml")
+
+	ch, err = stack.New(stack.Shipped("sim.toml"), stack.WithVars(map[string]string{"STRATA_SIM_NETWORK": "new-test"}))
+	require.NoError(t, err)
+	require.Equal(t, "SIM", ch.Stack().Protocols()[0].Name())
+	require.NoError(t, ch.Close())
+}
