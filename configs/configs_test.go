@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/strata-go/strata/internal/grouptest"
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"
@@ -54,9 +56,16 @@ func startFromConfig(t *testing.T, file string, n int, vars map[string]string) (
 	var cols []*stacktest.Collector
 	for i := range n {
 		col := stacktest.NewCollector()
-		ch, err := stack.New(stack.Shipped(file), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col))
+		log := &grouptest.SyncBuffer{}
+		logger := slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		ch, err := stack.New(stack.Shipped(file), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(col), stack.WithLogger(logger))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("log of %s (%s):\n%s", stacktest.Names[i], ch.Address(), log.String())
+			}
+		})
 		chs, cols = append(chs, ch), append(cols, col)
 	}
 	start := time.Now()
