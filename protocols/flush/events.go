@@ -2,6 +2,7 @@ package flush
 
 import (
 	"context"
+	"time"
 
 	"github.com/strata-go/strata/stack"
 )
@@ -23,12 +24,7 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			f.viewChange(e.View)
 		}
 	case stack.EvDisconnect:
-		// Senders blocked at the gate return, but what a view-change round
-		// holds stays held: it was sent in a view this member is leaving
-		// (a leaving coordinator, say), and must not reach it.
-		f.pmu.Lock()
-		f.open(false)
-		f.pmu.Unlock()
+		f.step(func(p *participant, now time.Time) []effect { return p.disconnect(now) })
 	}
 	return f.PassDownEvent(ctx, ev)
 }
@@ -73,26 +69,21 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 }
 
 func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
-	f.pmu.Lock()
-	f.mu.Lock()
-	f.joining, f.joinDone = true, make(chan struct{})
-	joined := f.joinDone
-	f.mu.Unlock()
-	f.block()
-	f.pmu.Unlock()
+	joined := make(chan struct{})
+	f.step(func(p *participant, now time.Time) []effect {
+		f.joinDone = joined
+		return p.connect(now)
+	})
+	unblock := func(p *participant, now time.Time) []effect { return p.open(true, now) }
 	if _, err := f.PassDownEvent(ctx, ev); err != nil {
-		f.pmu.Lock()
-		f.unblock()
-		f.pmu.Unlock()
+		f.step(unblock)
 		return err
 	}
 	f.mu.Lock()
-	alone := f.view.Size() <= 1
+	alone := f.part.view.Size() <= 1
 	f.mu.Unlock()
 	if alone {
-		f.pmu.Lock()
-		f.unblock()
-		f.pmu.Unlock()
+		f.step(unblock)
 		return nil
 	}
 	var stateErr error
@@ -101,12 +92,12 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
 		// round's initiator (the view's creator) stop the flush.
 		_, stateErr = f.PassDownEvent(ctx, stack.EvGetState{From: ev.StateFrom})
 		f.mu.Lock()
-		coord := f.view.ID.Creator
+		coord := f.part.view.ID.Creator
 		f.mu.Unlock()
 		f.send(coord, &Header{Type: typeStateDone})
 	}
 	// Connect returns into a group where everyone can send: after the
-	// STOP_FLUSH of the flush that installed this member's view.
+	// STOP_FLUSH of the flush that installs this member's view.
 	select {
 	case <-joined:
 		return stateErr
@@ -119,7 +110,7 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
 
 func (f *FLUSH) viewChange(v *stack.View) {
 	f.mu.Lock()
-	f.view = v
+	f.part.view = v
 	for a := range f.suspects {
 		if !v.Contains(a) {
 			delete(f.suspects, a)
@@ -131,35 +122,14 @@ func (f *FLUSH) viewChange(v *stack.View) {
 	f.mu.Unlock()
 }
 
-// viewDelivered runs once the application has v: a round whose initiator
-// left the view ends here (not before, or what the members send in the new
-// view could reach the application before the view does), and so does a
-// STOP_FLUSH that waited for v.
+// viewDelivered runs once the application has v (see
+// participant.viewDelivered).
 func (f *FLUSH) viewDelivered(v *stack.View) {
 	f.mu.Lock()
-	cur := f.cur
-	orphan := cur != nil && !v.Contains(cur.id.Initiator) && cur.id.Initiator != f.LocalAddress()
-	sw := f.stopWait
-	ready := sw != nil && f.view != nil && f.view.ID.Seq >= sw.h.View.Seq
-	held := cur == nil && !f.heldSince.IsZero()
+	waits := f.part.awaitsView()
 	f.mu.Unlock()
-	if ready {
-		f.handleStop(sw.src, sw.h)
-	}
-	if held {
-		f.releaseHeld()
-	}
-	if orphan {
-		f.Log().Info("flush: the round's initiator left the view; unblocking", "round", cur.id)
-		f.pmu.Lock()
-		f.mu.Lock()
-		still := f.cur == cur
-		f.mu.Unlock()
-		if still {
-			f.unblock()
-		}
-		f.pmu.Unlock()
+	if waits {
+		self := f.LocalAddress()
+		f.step(func(p *participant, now time.Time) []effect { return p.viewDelivered(v, self, now) })
 	}
 }
-
-// Stats reports FLUSH's counters.

@@ -36,7 +36,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 	for attempt := 1; ; attempt++ {
 		var skipped []stack.Address
 		if skipped, err = f.attempt(ctx, req); err == nil {
-			f.completed.Add(1)
+			f.count.completed.Add(1)
 			if req.ViewChange {
 				// Suspected participants the round stopped waiting for
 				// are not in the cut either.
@@ -58,8 +58,8 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 		if req.ViewChange && errors.As(err, &na) {
 			if req.Participants == nil {
 				f.mu.Lock()
-				if f.view != nil {
-					req.Participants = f.view.Members
+				if f.part.view != nil {
+					req.Participants = f.part.view.Members
 				}
 				f.mu.Unlock()
 			}
@@ -73,7 +73,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 					res.Without = append(res.Without, a)
 				}
 			}
-			f.wentWithout.Add(int64(len(na.missing)))
+			f.count.wentWithout.Add(int64(len(na.missing)))
 			f.Log().Info("flush: going on without the participants that did not answer", "missing", na.missing)
 			continue
 		}
@@ -86,7 +86,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 		}
 		t.Stop()
 	}
-	f.failed.Add(1)
+	f.count.failed.Add(1)
 	<-f.owner
 	return res, fmt.Errorf("%w: %w", ErrFlushFailed, err)
 }
@@ -95,8 +95,8 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Ad
 	self := f.LocalAddress()
 	parts := req.Participants
 	f.mu.Lock()
-	if parts == nil && f.view != nil {
-		parts = f.view.Members
+	if parts == nil && f.part.view != nil {
+		parts = f.part.view.Members
 	}
 	if len(parts) == 0 {
 		parts = []stack.Address{self}
@@ -106,7 +106,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Ad
 		phase: typeCompleted, answered: map[stack.Address]stack.Digest{}, wake: make(chan struct{}, 1)}
 	f.run = ir
 	f.mu.Unlock()
-	f.started.Add(1)
+	f.count.started.Add(1)
 	start := &Header{Type: typeStart, Round: ir.id, ViewChange: ir.vc, Participants: ir.parts}
 	for _, p := range ir.parts {
 		f.send(p, start)
@@ -200,7 +200,7 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration,
 	for {
 		f.mu.Lock()
 		refused := ir.refused
-		missing := ir.awaiting(f.LocalAddress(), f.view, f.suspects)
+		missing := ir.awaiting(f.LocalAddress(), f.part.view, f.suspects)
 		phase := ir.phase
 		f.mu.Unlock()
 		switch {
@@ -255,7 +255,7 @@ func (f *FLUSH) stopFlush(ctx context.Context, req stack.EvStopFlush) error {
 	}
 	if req.View != nil {
 		ir.view = req.View.ID
-		f.left = !req.View.Contains(f.LocalAddress())
+		f.part.left = !req.View.Contains(f.LocalAddress())
 	}
 	f.mu.Unlock()
 	f.awaitStates(ctx, req.AwaitState)
@@ -303,7 +303,7 @@ func (f *FLUSH) awaitStates(ctx context.Context, js []stack.Address) {
 		f.mu.Lock()
 		var missing []stack.Address
 		for _, j := range js {
-			if !f.stateDone[j] && (f.view == nil || f.view.Contains(j)) {
+			if !f.stateDone[j] && (f.part.view == nil || f.part.view.Contains(j)) {
 				missing = append(missing, j)
 			}
 		}
@@ -343,10 +343,10 @@ func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address
 	switch {
 	case !ir.view.Creator.IsZero():
 		stop.View = ir.view // unblock in the view the round installed, not before it
-	case ir.vc && !ir.merge && f.view != nil && f.view.Contains(f.LocalAddress()):
+	case ir.vc && !ir.merge && f.part.view != nil && f.part.view.Contains(f.LocalAddress()):
 		// (A merge round without its view was cancelled: the other
 		// subgroups' members are in views of their own.)
-		stop.View = f.view.ID
+		stop.View = f.part.view.ID
 	}
 	f.mu.Unlock()
 	for _, p := range to {

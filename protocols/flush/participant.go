@@ -1,200 +1,302 @@
 package flush
 
 import (
-	"context"
-	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/strata-go/strata/stack"
 )
 
-// ---- messages
+// participant is a member's side of FLUSH rounds as a state machine. Each
+// input (a START_FLUSH, RECONCILE, STOP_FLUSH or ABORT; a view known or
+// delivered; Connect and Disconnect; time passing) is a method that changes
+// the state and returns what to do, in order, as effects. It holds no lock,
+// starts no goroutine and reads no clock: FLUSH (io.go) calls it under its
+// lock with the time and then carries the effects out, one transition at a
+// time. participant_test.go drives it directly.
+type participant struct {
+	timeout time.Duration // the safety valve's: longest a member stays blocked
+	count   *counters
 
-func (f *FLUSH) send(dest stack.Address, h *Header) {
-	if dest == f.LocalAddress() {
-		f.handle(dest, h)
-		return
-	}
-	flags := stack.Internal | stack.OOB
-	f.mu.Lock()
-	if f.regularStop && (h.Type == typeStop || h.Type == typeUnblocked) {
-		flags = 0
-	}
-	f.mu.Unlock()
-	m := stack.NewMessage(dest, nil).Set(flags)
-	m.PutHeader(f.ID(), h)
-	if err := f.PassDown(f.Context(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
-		f.Log().Debug("flush: send failed", "type", h.Kind(), "to", dest, "error", err)
-	}
+	view *stack.View
+	cur  *partRound // the round this member is blocked for
+	// stopWait: a STOP_FLUSH that came before the view its round
+	// installed; it takes effect when that view is delivered.
+	stopWait *Header
+	// joining: blocked since Connect, until the flush that installs the
+	// joiner's view stops.
+	joining     bool
+	blockCalled bool
+	since       time.Time // blocked since
+	// heldSince: an aborted view-change round left NAKACK's hold on, since.
+	heldSince time.Time
+	// done: per initiator, its rounds up to N have ended here.
+	done map[stack.Address]uint64
+	// left: this member is not in the view its last round installed (it
+	// is a leaving coordinator); what the round held is never released.
+	left bool
 }
 
-// Up handles flush messages; others pass.
-func (f *FLUSH) Up(m *stack.Message) {
-	h, ok := m.Header(f.ID()).(*Header)
-	if !ok {
-		f.PassUp(m)
-		return
-	}
-	f.handle(m.Src, h)
+// partRound is the round a participant is blocked for.
+type partRound struct {
+	id     RoundID
+	vc     bool
+	parts  []stack.Address
+	from   stack.ViewID // this member's view when the round started
+	warned bool         // the safety valve said it waits for the view
 }
 
-func (f *FLUSH) handle(src stack.Address, h *Header) {
-	switch h.Type {
-	case typeStart:
-		f.handleStart(src, h)
-	case typeReconcile:
-		f.handleReconcile(src, h)
-	case typeStop, typeAbort:
-		f.handleStop(src, h)
-	case typeCompleted, typeReconcileOK, typeUnblocked:
-		f.answer(src, h)
-	case typeStateDone:
-		f.mu.Lock()
-		f.stateDone[src] = true
-		f.mu.Unlock()
-		select {
-		case f.stateWake <- struct{}{}:
-		default:
-		}
-	case typeNotCompleted:
-		f.mu.Lock()
-		if ir := f.run; ir != nil && ir.id == h.Round && ir.phase == typeCompleted {
-			ir.refused = true
-			ir.kick()
-		}
-		f.mu.Unlock()
-		f.refusals.Add(1)
+// String names the round, for logs.
+func (r *partRound) String() string {
+	if r == nil {
+		return "none"
 	}
+	return r.id.String()
 }
 
-func (f *FLUSH) handleStart(src stack.Address, h *Header) {
-	if src != h.Round.Initiator {
-		return
-	}
-	f.pmu.Lock()
-	defer f.pmu.Unlock()
-	f.mu.Lock()
+// An effect is one thing the participant asks FLUSH to do.
+type effect interface{ isEffect() }
+
+// sendMsg sends a flush message.
+type sendMsg struct {
+	to stack.Address
+	h  *Header
+}
+
+// blockGate closes the gate to the application's multicasts and returns
+// when none is on its way down; call: Receiver.Block first.
+type blockGate struct{ call bool }
+
+// answerCompleted takes this member's digest (holding every sender at what
+// it delivered, before a view change) and answers FLUSH_COMPLETED with it.
+type answerCompleted struct {
+	to    stack.Address
+	round RoundID
+	hold  bool
+}
+
+// fetchMissing fetches and delivers what a RECONCILE names, then answers
+// RECONCILE_OK.
+type fetchMissing struct {
+	to stack.Address
+	h  *Header
+}
+
+// releaseHold ends the hold a view-change round put on every sender.
+type releaseHold struct{}
+
+// openGate lets the senders waiting below go and opens the gate; call:
+// Receiver.Unblock after; joined: the joiner's Connect may return.
+type openGate struct{ call, joined bool }
+
+// logLine is a line for FLUSH's log.
+type logLine struct {
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+func (sendMsg) isEffect()         {}
+func (blockGate) isEffect()       {}
+func (answerCompleted) isEffect() {}
+func (fetchMissing) isEffect()    {}
+func (releaseHold) isEffect()     {}
+func (openGate) isEffect()        {}
+func (logLine) isEffect()         {}
+
+func newParticipant(timeout time.Duration, c *counters) participant {
+	return participant{timeout: timeout, count: c, done: map[stack.Address]uint64{}}
+}
+
+// reset forgets everything (Start).
+func (p *participant) reset() {
+	*p = participant{timeout: p.timeout, count: p.count, done: p.done}
+	clear(p.done)
+}
+
+// start takes a START_FLUSH from its initiator.
+func (p *participant) start(h *Header, now time.Time) []effect {
+	src := h.Round.Initiator
 	var old *partRound
-	switch onStart(h, f.cur, f.done[src]) {
+	switch onStart(h, p.cur, p.done[src]) {
 	case startOver:
-		f.mu.Unlock()
-		f.lateStarts.Add(1)
-		return
+		p.count.lateStarts.Add(1)
+		return nil
 	case startAgain:
-		cur := f.cur
-		f.mu.Unlock()
-		f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: f.digest(cur)})
-		return
+		return []effect{answerCompleted{to: src, round: h.Round, hold: p.cur.vc}}
 	case startRefuse:
-		f.mu.Unlock()
-		f.send(src, &Header{Type: typeNotCompleted, Round: h.Round})
-		return
+		return []effect{sendMsg{to: src, h: &Header{Type: typeNotCompleted, Round: h.Round}}}
 	case startSupersede:
-		old = f.cur
+		old = p.cur
 	}
 	cur := &partRound{id: h.Round, vc: h.ViewChange, parts: h.Participants}
-	if f.view != nil {
-		cur.from = f.view.ID
+	if p.view != nil {
+		cur.from = p.view.ID
 	}
-	f.cur = cur
-	f.mu.Unlock()
+	p.cur = cur
+	var out []effect
 	if old != nil {
-		f.superseded.Add(1)
-		f.send(old.id.Initiator, &Header{Type: typeNotCompleted, Round: old.id})
+		p.count.superseded.Add(1)
+		out = append(out, sendMsg{to: old.id.Initiator, h: &Header{Type: typeNotCompleted, Round: old.id}})
 	}
-	f.block()
-	d := f.digest(cur)
-	f.Log().Debug("flush: completed", "round", h.Round, "digest", d)
-	f.send(src, &Header{Type: typeCompleted, Round: h.Round, Digest: d})
+	out = append(out, p.block(now)...)
+	return append(out, answerCompleted{to: src, round: h.Round, hold: cur.vc})
 }
 
-func (f *FLUSH) handleReconcile(src stack.Address, h *Header) {
-	f.mu.Lock()
-	cur := f.cur
-	f.mu.Unlock()
-	if cur == nil || cur.id != h.Round {
-		return
+// block closes the gate; Receiver.Block is called once per blocked period.
+func (p *participant) block(now time.Time) []effect {
+	call := !p.blockCalled
+	p.blockCalled = true
+	if p.since.IsZero() {
+		p.since = now
 	}
-	f.Go(func(<-chan struct{}) {
-		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.StartTimeout) // ends at Stop too
-		defer cancel()
-		if _, err := f.PassDownEvent(ctx, stack.EvReconcile{Target: h.Digest, From: h.From}); err != nil {
-			f.Log().Info("flush: could not fetch every message of the round in time", "round", h.Round, "error", err)
-			return
-		}
-		f.Log().Debug("flush: reconciled", "round", h.Round)
-		f.send(src, &Header{Type: typeReconcileOK, Round: h.Round})
-	})
+	return []effect{logLine{slog.LevelDebug, "flush: blocking", []any{"round", p.cur.String()}}, blockGate{call: call}}
 }
 
-type stopWait struct {
-	src stack.Address
-	h   *Header
+// reconcile takes a RECONCILE: the round's participants fetch what anyone
+// received.
+func (p *participant) reconcile(h *Header) []effect {
+	if p.cur == nil || p.cur.id != h.Round {
+		return nil
+	}
+	return []effect{fetchMissing{to: h.Round.Initiator, h: h}}
 }
 
-func (f *FLUSH) handleStop(src stack.Address, h *Header) {
-	if src != h.Round.Initiator {
-		return
+// stop takes a STOP_FLUSH or an ABORT from its initiator.
+func (p *participant) stop(h *Header, now time.Time) []effect {
+	src := h.Round.Initiator
+	if h.Round.N > p.done[src] {
+		p.done[src] = h.Round.N
 	}
-	f.pmu.Lock()
-	f.mu.Lock()
-	if h.Round.N > f.done[src] {
-		f.done[src] = h.Round.N
-	}
-	act := onStop(h, f.cur, f.joining, f.view)
-	if act == stopAwaitView {
+	var out []effect
+	switch onStop(h, p.cur, p.joining, p.view) {
+	case stopAwaitView:
 		// The view this round installed has not reached this member yet
-		// (its copy was lost): unblocked now, it would send in the old view
-		// what the others deliver in the new one. It unblocks when the view
-		// comes (the safety valve bounds the wait).
-		f.stopWait = &stopWait{src: src, h: h}
-		f.mu.Unlock()
-		f.pmu.Unlock()
-		f.stopsDeferred.Add(1)
-		return
-	}
-	if act == stopAbortViewChange {
-		f.heldSince = time.Now()
-	}
-	f.mu.Unlock()
-	switch act {
+		// (its copy was lost): unblocked now, it would send in the old
+		// view what the others deliver in the new one. It unblocks when
+		// the view comes (the safety valve bounds the wait).
+		p.stopWait = h
+		p.count.stopsDeferred.Add(1)
+		return nil
 	case stopAbortViewChange:
 		// The initiator gave up on this attempt and may go on without
 		// this member, which is then not in the next view. It may send
 		// again, but delivers nothing beyond what it had delivered until
 		// a view comes (or timeout passes): what the others send now
 		// belongs to a view it may not be in.
-		f.open(false)
+		p.heldSince = now
+		out = p.open(false, now)
 	case stopUnblock:
-		f.unblock()
+		out = p.open(true, now)
 	}
-	f.pmu.Unlock()
-	f.send(src, &Header{Type: typeUnblocked, Round: h.Round})
+	return append(out, sendMsg{to: src, h: &Header{Type: typeUnblocked, Round: h.Round}})
 }
 
-func (f *FLUSH) answer(src stack.Address, h *Header) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ir := f.run
-	if ir == nil || ir.id != h.Round || ir.phase != h.Type {
-		return
+// open ends this member's part in a round: the gate opens and
+// Receiver.Unblock is called if Block was; with release, a view-change
+// round's hold on every sender ends too (unless this member left).
+func (p *participant) open(release bool, now time.Time) []effect {
+	release = release && !p.left
+	out := []effect{logLine{slog.LevelDebug, "flush: unblocking", []any{"round", p.cur.String(), "release", release}}}
+	call, joined := p.blockCalled, p.joining
+	p.blockCalled, p.joining = false, false
+	p.cur, p.stopWait = nil, nil
+	if !p.since.IsZero() {
+		p.count.blockedNanos.Add(int64(now.Sub(p.since)))
+		p.since = time.Time{}
 	}
-	ir.answered[src] = h.Digest
-	ir.kick()
+	if release {
+		p.heldSince = time.Time{}
+		out = append(out, releaseHold{})
+	}
+	return append(out, openGate{call: call, joined: joined})
 }
 
-// digest returns this member's digest for the round; before a view change
-// it also holds every sender at what this member delivered until the round
-// ends (see stack.EvHold).
-func (f *FLUSH) digest(r *partRound) stack.Digest {
-	var ev stack.Event = stack.EvGetDigest{}
-	if r != nil && r.vc {
-		ev = stack.EvHold{}
+// releaseHeld ends the hold an aborted view-change round left, unless a
+// round has begun since (its end releases it).
+func (p *participant) releaseHeld() []effect {
+	held := p.cur == nil && !p.heldSince.IsZero()
+	p.heldSince = time.Time{}
+	if held {
+		return []effect{releaseHold{}}
 	}
-	v, err := f.PassDownEvent(f.Context(), ev)
-	if err != nil {
-		return nil
+	return nil
+}
+
+// connect blocks a joiner from the moment it asks to join.
+func (p *participant) connect(now time.Time) []effect {
+	p.joining = true
+	return p.block(now)
+}
+
+// disconnect lets senders blocked at the gate return, but what a
+// view-change round holds stays held: it was sent in a view this member is
+// leaving (a leaving coordinator, say), and must not reach it.
+func (p *participant) disconnect(now time.Time) []effect { return p.open(false, now) }
+
+// awaitsView reports whether a delivered view may end something here (see
+// viewDelivered); FLUSH skips the transition otherwise.
+func (p *participant) awaitsView() bool {
+	return p.cur != nil || p.stopWait != nil || !p.heldSince.IsZero()
+}
+
+// viewDelivered runs once the application has v: a STOP_FLUSH that waited
+// for v takes effect, a hold an aborted round left ends, and a round whose
+// initiator left the view ends (not before the view is delivered, or what
+// the members send in the new view could reach the application first).
+func (p *participant) viewDelivered(v *stack.View, self stack.Address, now time.Time) []effect {
+	cur, sw := p.cur, p.stopWait
+	ready := sw != nil && p.view != nil && p.view.ID.Seq >= sw.View.Seq
+	held := cur == nil && !p.heldSince.IsZero()
+	orphan := cur != nil && !v.Contains(cur.id.Initiator) && cur.id.Initiator != self
+	var out []effect
+	if ready {
+		out = append(out, p.stop(sw, now)...)
 	}
-	d, _ := v.(stack.Digest)
-	return d
+	if held {
+		out = append(out, p.releaseHeld()...)
+	}
+	if orphan && p.cur == cur {
+		out = append(out, logLine{slog.LevelInfo, "flush: the round's initiator left the view; unblocking", []any{"round", cur.id}})
+		out = append(out, p.open(true, now)...)
+	}
+	return out
+}
+
+// tick is the safety valve: a member blocked (or holding what an aborted
+// round left) for longer than timeout unblocks itself, except in a
+// view-change round whose view has not come.
+func (p *participant) tick(now time.Time) []effect {
+	var out []effect
+	if p.cur == nil && !p.heldSince.IsZero() && now.Sub(p.heldSince) > p.timeout {
+		p.count.safetyUnblocks.Add(1)
+		out = append(out, logLine{slog.LevelWarn, "flush: no view within timeout after an aborted view-change round; delivering again", []any{"timeout", p.timeout}})
+		out = append(out, p.releaseHeld()...)
+	}
+	cur := p.cur
+	stuck := (cur != nil || p.joining) && !p.since.IsZero() && now.Sub(p.since) > p.timeout
+	if !stuck {
+		return out
+	}
+	// A view-change round whose view has not come: unblocked, this member
+	// would send in the old view what the others deliver in the new one,
+	// and deliver theirs in the old. It waits for the view (its initiator
+	// resends it, or MERGE3 finds this member behind); the view ends the
+	// round (STOP_FLUSH, or the initiator is not in it), or a newer round
+	// takes its place.
+	if cur != nil && cur.vc && p.view != nil && p.view.ID == cur.from {
+		if !cur.warned {
+			cur.warned = true
+			p.count.viewWaits.Add(1)
+			out = append(out, logLine{slog.LevelWarn, "flush: blocked for longer than timeout, but the round's view has not come; staying blocked until it does", []any{"round", cur.id, "timeout", p.timeout}})
+		}
+		return out
+	}
+	p.count.safetyUnblocks.Add(1)
+	if cur != nil {
+		out = append(out, logLine{slog.LevelWarn, "flush: blocked for longer than timeout without a STOP_FLUSH; unblocking", []any{"round", cur.id, "timeout", p.timeout}})
+	} else {
+		out = append(out, logLine{slog.LevelWarn, "flush: joined but no STOP_FLUSH within timeout (is FLUSH in every member's stack?); unblocking", []any{"timeout", p.timeout}})
+	}
+	return append(out, p.open(true, now)...)
 }
