@@ -79,11 +79,14 @@ func TestParticipant(t *testing.T) {
 		}},
 		{"a view change supersedes an application's round; Block is called once", []step{
 			{0, onStart(start(b, 1, false)), []effect{blockGate{call: true}, answer(b, 1, false)}},
-			{0, onStart(start(a, 1, true, a, self, b)), []effect{refuse(b, 1), blockGate{call: false}, answer(a, 1, true)}},
-			{0, onStart(start(b, 2, false)), []effect{refuse(b, 2)}},
-			{0, onStop(stop(b, 1, nil)), []effect{unblocked(b, 1)}},
-			{0, onStop(stop(a, 1, nil)), []effect{releaseHold{}, openGate{call: true}, unblocked(a, 1)}},
-		}, func(t *testing.T, c *counters) { require.EqualValues(t, 1, c.superseded.Load()) }},
+			{time.Second, onStart(start(a, 1, true, a, self, b)), []effect{refuse(b, 1), blockGate{call: false}, answer(a, 1, true)}},
+			{time.Second, onStart(start(b, 2, false)), []effect{refuse(b, 2)}},
+			{time.Second, onStop(stop(b, 1, nil)), []effect{unblocked(b, 1)}},
+			{2 * time.Second, onStop(stop(a, 1, nil)), []effect{releaseHold{}, openGate{call: true}, unblocked(a, 1)}},
+		}, func(t *testing.T, c *counters) {
+			require.EqualValues(t, 1, c.superseded.Load())
+			require.EqualValues(t, 2*time.Second, c.blockedNanos.Load(), "one blocked period, from the first round's start")
+		}},
 		{"a STOP_FLUSH before its view waits until the view is delivered", []step{
 			{0, view(v1), nil},
 			{0, onStart(start(a, 1, true)), []effect{blockGate{call: true}, answer(a, 1, true)}},
