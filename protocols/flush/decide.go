@@ -6,11 +6,10 @@ import (
 	"github.com/strata-go/strata/stack"
 )
 
-// The round decisions, apart from FLUSH's I/O: what a participant does
-// with a START_FLUSH, whom an initiator still waits for, and what everyone
-// must deliver (maxDigest, initiator.go). They take the state they need
-// and return the answer; no locks, sends or clocks, so they are tested
-// directly (decide_test.go).
+// A participant's decisions: what it does with a START_FLUSH and with a
+// STOP_FLUSH or ABORT (the participant's state machine, participant.go,
+// acts on them). They take the state they need and return the answer; no
+// locks, sends or clocks, so they are tested directly (decide_test.go).
 
 // startAction is what a participant does with a START_FLUSH.
 type startAction uint8
@@ -67,28 +66,6 @@ func supersedes(n *Header, cur *partRound) bool {
 		return n.Round.Initiator.Compare(cur.id.Initiator) < 0
 	}
 	return false
-}
-
-// awaiting returns the participants that have not answered the round's
-// current phase and are still awaited: a suspected participant (not self)
-// is no longer awaited and goes on the round's skipped list; one that left
-// the initiator's view is not awaited, unless the round is a merge (its
-// participants come from several views) or the initiator has no view yet.
-func (ir *initRound) awaiting(self stack.Address, view *stack.View, suspects map[stack.Address]bool) []stack.Address {
-	var missing []stack.Address
-	for _, p := range ir.parts {
-		_, ok := ir.answered[p]
-		switch {
-		case ok:
-		case suspects[p] && p != self:
-			if !slices.Contains(ir.skipped, p) {
-				ir.skipped = append(ir.skipped, p)
-			}
-		case ir.merge || view == nil || view.Contains(p) || p == self:
-			missing = append(missing, p)
-		}
-	}
-	return missing
 }
 
 // stopAction is what a participant does with a STOP_FLUSH or an ABORT.

@@ -78,27 +78,6 @@ func init() {
 // max_attempts (collisions with other rounds, or silent participants).
 var ErrFlushFailed = errors.New("flush: failed")
 
-// initRound is a round this member initiated.
-type initRound struct {
-	id       RoundID
-	vc       bool
-	merge    bool         // participants from several views: all are awaited
-	view     stack.ViewID // the view the round installed (GMS's stop), if known
-	parts    []stack.Address
-	phase    uint8 // typeCompleted, typeReconcileOK, typeUnblocked: the answers awaited
-	answered map[stack.Address]stack.Digest
-	refused  bool
-	skipped  []stack.Address // suspected participants no longer awaited
-	wake     chan struct{}
-}
-
-func (ir *initRound) kick() {
-	select {
-	case ir.wake <- struct{}{}:
-	default:
-	}
-}
-
 // counters are FLUSH's statistics.
 type counters struct {
 	started        atomic.Int64 `stat:"rounds_started"`

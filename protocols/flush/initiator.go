@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -102,36 +101,27 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Ad
 		parts = []stack.Address{self}
 	}
 	f.n++
-	ir := &initRound{id: RoundID{Initiator: self, N: f.n}, vc: req.ViewChange, merge: req.Merge, parts: slices.Clone(parts),
-		phase: typeCompleted, answered: map[stack.Address]stack.Digest{}, wake: make(chan struct{}, 1)}
+	ir := newRound(RoundID{Initiator: self, N: f.n}, req, parts)
 	f.run = ir
+	out := ir.start(f.cfg.StartTimeout, time.Now())
 	f.mu.Unlock()
 	f.count.started.Add(1)
-	start := &Header{Type: typeStart, Round: ir.id, ViewChange: ir.vc, Participants: ir.parts}
-	for _, p := range ir.parts {
-		f.send(p, start)
-	}
-	err := f.await(ctx, ir, f.cfg.StartTimeout, func(p stack.Address) { f.send(p, start) })
+	f.do(out)
+	err := f.await(ctx, ir)
 	if err == nil {
 		// Every participant fetches and delivers what anyone received.
 		f.mu.Lock()
-		target := maxDigest(ir.answered) // late duplicate answers still write to it
-		ir.phase, ir.answered = typeReconcileOK, map[stack.Address]stack.Digest{}
+		out = ir.reconcile(f.cfg.StartTimeout, time.Now())
 		f.mu.Unlock()
-		f.Log().Debug("flush: reconcile", "round", ir.id, "target", target.Target)
-		rec := &Header{Type: typeReconcile, Round: ir.id, Digest: target.Target, From: target.From}
-		for _, p := range ir.parts {
-			f.send(p, rec)
-		}
-		err = f.await(ctx, ir, f.cfg.StartTimeout, func(p stack.Address) { f.send(p, rec) })
+		f.do(out)
+		err = f.await(ctx, ir)
 	}
 	if err != nil {
-		for _, p := range ir.parts {
-			f.send(p, &Header{Type: typeAbort, Round: ir.id})
-		}
 		f.mu.Lock()
+		out = ir.abort()
 		f.run = nil
 		f.mu.Unlock()
+		f.do(out)
 		return nil, err
 	}
 	f.mu.Lock()
@@ -139,89 +129,24 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Ad
 	return slices.Clone(ir.skipped), nil
 }
 
-// maxDigest is what every participant must deliver before the round ends,
-// and per sender a participant that holds those messages. For a sender that
-// takes part, the highest seqno anyone received, held by the sender itself.
-// For a sender that does not (it crashed or was excluded), the highest seqno
-// any participant delivered, held by that participant; a message received
-// beyond a gap nobody can fill is delivered by no one in the view.
-func maxDigest(ds map[stack.Address]stack.Digest) stack.EvReconcile {
-	type best struct {
-		hi   uint64
-		from stack.Address
-	}
-	bs := map[stack.Address]best{}
-	for p, d := range ds {
-		for _, e := range d {
-			b := best{hi: e.HighestDelivered, from: p}
-			if _, ok := ds[e.Member]; ok {
-				b = best{hi: max(e.HighestDelivered, e.HighestReceived), from: e.Member}
-			}
-			cur, ok := bs[e.Member]
-			switch {
-			case !ok:
-				bs[e.Member] = b
-			case b.from == e.Member: // the sender itself holds them all
-				bs[e.Member] = best{hi: max(b.hi, cur.hi), from: e.Member}
-			case b.hi > cur.hi || b.hi == cur.hi && b.from.Compare(cur.from) < 0:
-				bs[e.Member] = b
-			}
-		}
-	}
-	members := slices.SortedFunc(maps.Keys(bs), stack.Address.Compare)
-	rc := stack.EvReconcile{Target: make(stack.Digest, 0, len(bs)), From: make([]stack.Address, 0, len(bs))}
-	for _, a := range members {
-		b := bs[a]
-		rc.Target = append(rc.Target, stack.DigestEntry{Member: a, HighestDelivered: b.hi, HighestReceived: b.hi})
-		rc.From = append(rc.From, b.from)
-	}
-	return rc
-}
-
-// noAnswer is await's error when participants did not answer in time.
-type noAnswer struct {
-	round   RoundID
-	phase   uint8
-	missing []stack.Address
-	timeout time.Duration
-}
-
-func (e *noAnswer) Error() string {
-	return fmt.Sprintf("round %s: no %s from %v within %s", e.round, typeNames[e.phase], e.missing, e.timeout)
-}
-
-// await waits until every participant still in the view has answered the
-// current phase, the round is refused, or timeout passes. Every quarter of
-// the timeout it sends the phase's message again to those that have not
-// answered: participants take duplicates in their stride, and a lost or
-// slow copy then never costs the whole timeout.
-func (f *FLUSH) await(ctx context.Context, ir *initRound, timeout time.Duration, again func(p stack.Address)) error {
-	retry := stack.NewRetry(time.Now(), timeout/4, timeout)
+// await polls the round's phase until it is over: when an answer, a
+// suspicion or a view comes, and when the round has something to send
+// again or its time is up.
+func (f *FLUSH) await(ctx context.Context, ir *initRound) error {
+	self := f.LocalAddress()
 	for {
 		f.mu.Lock()
-		refused := ir.refused
-		missing := ir.awaiting(f.LocalAddress(), f.part.view, f.suspects)
-		phase := ir.phase
+		out, done, err := ir.poll(self, f.part.view, f.suspects, time.Now())
+		due := ir.retry.Due()
 		f.mu.Unlock()
-		switch {
-		case refused:
-			return fmt.Errorf("round %s refused by a participant in another round", ir.id)
-		case len(missing) == 0:
-			return nil
+		f.do(out)
+		if done {
+			return err
 		}
-		t := time.NewTimer(time.Until(retry.Due()))
+		t := time.NewTimer(time.Until(due))
 		select {
 		case <-ir.wake:
 		case <-t.C:
-			switch resend, expired := retry.At(time.Now()); {
-			case expired:
-				f.Log().Warn("flush: participants did not answer in time", "round", ir.id, "awaiting", typeNames[phase], "missing", missing, "timeout", timeout)
-				return &noAnswer{round: ir.id, phase: phase, missing: missing, timeout: timeout}
-			case resend:
-				for _, p := range missing {
-					again(p)
-				}
-			}
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
@@ -332,25 +257,8 @@ func (f *FLUSH) awaitStates(ctx context.Context, js []stack.Address) {
 
 func (f *FLUSH) stopPhase(ctx context.Context, ir *initRound, to []stack.Address) error {
 	f.mu.Lock()
-	ir.phase, ir.answered = typeUnblocked, map[stack.Address]stack.Digest{}
-	// Only the members of this phase are awaited.
-	for _, p := range ir.parts {
-		if !slices.Contains(to, p) {
-			ir.answered[p] = nil
-		}
-	}
-	stop := &Header{Type: typeStop, Round: ir.id}
-	switch {
-	case !ir.view.Creator.IsZero():
-		stop.View = ir.view // unblock in the view the round installed, not before it
-	case ir.vc && !ir.merge && f.part.view != nil && f.part.view.Contains(f.LocalAddress()):
-		// (A merge round without its view was cancelled: the other
-		// subgroups' members are in views of their own.)
-		stop.View = f.part.view.ID
-	}
+	out := ir.stop(to, f.part.view, f.LocalAddress(), f.cfg.EndTimeout, time.Now())
 	f.mu.Unlock()
-	for _, p := range to {
-		f.send(p, stop)
-	}
-	return f.await(ctx, ir, f.cfg.EndTimeout, func(p stack.Address) { f.send(p, stop) })
+	f.do(out)
+	return f.await(ctx, ir)
 }

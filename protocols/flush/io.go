@@ -66,8 +66,7 @@ func (f *FLUSH) handle(src stack.Address, h *Header) {
 		}
 	case typeNotCompleted:
 		f.mu.Lock()
-		if ir := f.run; ir != nil && ir.id == h.Round && ir.phase == typeCompleted {
-			ir.refused = true
+		if ir := f.run; ir != nil && ir.refuse(h) {
 			ir.kick()
 		}
 		f.mu.Unlock()
@@ -166,12 +165,9 @@ func (f *FLUSH) fetch(to stack.Address, h *Header) {
 func (f *FLUSH) answer(src stack.Address, h *Header) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ir := f.run
-	if ir == nil || ir.id != h.Round || ir.phase != h.Type {
-		return
+	if ir := f.run; ir != nil && ir.answer(src, h) {
+		ir.kick()
 	}
-	ir.answered[src] = h.Digest
-	ir.kick()
 }
 
 // digest returns this member's digest; with hold (before a view change) it
