@@ -1,7 +1,6 @@
 package gms
 
 import (
-	"slices"
 	"time"
 
 	"github.com/strata-go/strata/stack"
@@ -85,13 +84,13 @@ func (g *GMS) process(reqs []request) {
 		return
 	}
 	if v.Coordinator() != self {
-		g.takeovers.Add(1)
+		g.count.takeovers.Add(1)
 		g.Log().Info("taking over as coordinator", "view", v, "suspected", v.Coordinator())
 	}
 	p := planView(v, self, g.suspects, reqs)
 	g.mu.Unlock()
-	g.joinsHandled.Add(int64(p.joins))
-	g.leavesHandled.Add(int64(len(p.leavers)))
+	g.count.joinsHandled.Add(int64(p.joins))
+	g.count.leavesHandled.Add(int64(len(p.leavers)))
 
 	if p.next != nil {
 		g.cast(p.next, p.joiners, p.leaving, p.stateJoiners)
@@ -124,89 +123,35 @@ func (g *GMS) process(reqs []request) {
 	}
 }
 
-// cast installs nv here (unless this coordinator is leaving it), multicasts
-// it, answers the joiners, and waits for every member's acknowledgement.
-// Graceful leavers take part in the flush before the view that drops them;
-// the flush stops only when the state joiners have fetched the state.
+// cast carries out the change to nv (castRun, cast.go, decides each
+// step): the flush, the view installed here, multicast and answered to the
+// joiners, every member's acknowledgement, and the flush's stop. Graceful
+// leavers take part in the flush before the view that drops them; the
+// flush stops only when the state joiners have fetched the state.
 func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Address) {
-	self := g.LocalAddress()
-	// With FLUSH above, the members that stay block and deliver the same
+	r := newCast(g.LocalAddress(), &g.count, g.cfg, g.View(), nv, joiners, leaving, stateJoiners)
+	// With FLUSH above, the participants block and deliver the same
 	// messages before the view changes (without it the event reaches the
-	// channel, which ignores it). A leaver blocks too, so that what it sent
-	// in this view reaches all or none of those that stay.
-	var parts []stack.Address
-	for _, m := range g.View().Members {
-		if nv.Contains(m) || slices.Contains(leaving, m) {
-			parts = append(parts, m)
-		}
-	}
-	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true})
-	if err != nil {
-		g.flushFailures.Add(1)
-		g.Log().Warn("installing the view without a completed flush", "view", nv, "error", err)
-	}
-	var excluded []stack.Address
-	if fr, ok := res.(stack.FlushResult); ok && len(fr.Without) > 0 {
-		// The flush went on without members that did not answer: they were
-		// unblocked, may have sent since, and are not in the cut the others
-		// agreed on. Keeping them would let the others deliver those
-		// messages in the new view; they are excluded, and merge back.
-		nv, excluded = withoutUnflushed(nv, fr.Without)
-		if len(excluded) > 0 {
-			g.Log().Warn("excluding members the flush went on without", "view", nv, "excluded", excluded)
-			g.flushExclusions.Add(int64(len(excluded)))
-		}
-	}
-	defer func() {
-		if err == nil { // a failed start left no round of GMS's to stop
-			_, _ = g.PassUpEvent(stack.EvStopFlush{Participants: joiners, AwaitState: stateJoiners, View: nv, ViewChange: true})
-		}
-	}()
-	// An excluded member is told too, as reliably as the members: until it
-	// knows, its NAKACK holds the others' next messages, which it could
-	// only deliver in the old view. It acknowledges and goes on alone.
-	aw := g.newAckWait(nv.ID, append(slices.DeleteFunc(slices.Clone(nv.Members), func(m stack.Address) bool { return m == self }), excluded...))
-	g.mu.Lock()
-	g.acks = aw
-	g.mu.Unlock()
-	// The joiners' digest is taken before the view is installed here or
-	// sent: a member (this one first) may multicast the moment it has the
-	// view, and a digest taken after that would start the joiners above
-	// those messages, which they would never deliver. (Without FLUSH a
-	// joiner may in turn deliver a few messages sent just before the view,
-	// as in JGroups.)
+	// channel, which ignores it).
+	g.do(r.flushDone(g.PassUpEvent(stack.EvStartFlush{Participants: r.parts, ViewChange: true})))
 	var d stack.Digest
-	if len(joiners) > 0 {
+	if r.needsDigest() {
 		d = g.digest()
 	}
-	if nv.Contains(self) {
-		g.install(nv, nil)
-	}
-	vh := &Header{Type: typeView, View: nv}
-	g.send(stack.Address{}, vh)
-	if len(joiners) > 0 {
-		g.mu.Lock()
-		g.joinDigests, g.joinView = map[stack.Address]stack.Digest{}, nv.ID
-		for _, j := range joiners {
-			g.joinDigests[j] = d
-		}
-		g.mu.Unlock()
-		for _, j := range joiners {
-			g.send(j, &Header{Type: typeJoinRsp, View: nv, Digest: d})
-		}
-	}
-	g.waitAcks(aw, func(a stack.Address) {
-		// A joiner ignores views until it has joined: it gets its answer
-		// again, with the digest of the view it joined in.
-		if slices.Contains(joiners, a) {
-			g.mu.Lock()
-			d := g.joinDigests[a]
-			g.mu.Unlock()
-			g.send(a, &Header{Type: typeJoinRsp, View: nv, Digest: d})
-			return
-		}
-		g.send(a, vh)
-	})
+	g.announce(r, d)
+}
+
+// announce sends the view of r (with the joiners' digest d), waits for its
+// acknowledgements and ends its flush.
+func (g *GMS) announce(r *castRun, d stack.Digest) {
+	g.mu.Lock()
+	out := r.announce(d, time.Now())
+	aw := newAckWait(r.acks)
+	g.acks = aw // before the view goes: an acknowledgement may come at once
+	g.mu.Unlock()
+	g.do(out)
+	g.waitAcks(r, aw)
+	g.do(r.finish())
 }
 
 // waitAcks waits until every member of the view has acknowledged it. The
@@ -215,7 +160,7 @@ func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Addres
 // others unblock and send in the new view while they are still in the old
 // one (and a leaving coordinator would leave them there for good). A member
 // suspected meanwhile is no longer awaited; max_view_ack_wait bounds it all.
-func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
+func (g *GMS) waitAcks(r *castRun, aw *ackWait) {
 	defer func() {
 		g.mu.Lock()
 		if g.acks == aw {
@@ -238,20 +183,34 @@ func (g *GMS) waitAcks(aw *ackWait, resend func(stack.Address)) {
 		case <-t.C:
 		}
 		g.mu.Lock()
-		missing, giveUp := aw.tick(time.Now())
+		out, over := r.tick(time.Now())
 		g.mu.Unlock()
-		if missing == nil && !giveUp {
-			continue // not due yet, or acknowledged meanwhile
-		}
-		g.ackTimeouts.Add(1)
-		if giveUp {
-			g.Log().Warn("view not acknowledged by every member within max_view_ack_wait", "view", aw.id, "missing", missing, "max_view_ack_wait", g.cfg.MaxViewAckWait)
+		g.do(out)
+		if over {
 			return
 		}
-		g.Log().Info("view not acknowledged within view_ack_timeout; sending it again", "view", aw.id, "missing", missing, "timeout", g.cfg.ViewAckTimeout)
-		for _, a := range missing {
-			g.viewsResent.Add(1)
-			resend(a)
+	}
+}
+
+// do carries out a castRun's effects.
+func (g *GMS) do(out []effect) {
+	for _, e := range out {
+		switch e := e.(type) {
+		case sendMsg:
+			g.send(e.to, e.h)
+		case installView:
+			g.install(e.v, e.d)
+		case rememberJoins:
+			g.mu.Lock()
+			g.joinDigests, g.joinView = map[stack.Address]stack.Digest{}, e.view
+			for _, j := range e.joiners {
+				g.joinDigests[j] = e.d
+			}
+			g.mu.Unlock()
+		case stopFlush:
+			_, _ = g.PassUpEvent(e.ev)
+		case logLine:
+			g.Log().Log(g.Context(), e.level, e.msg, e.args...)
 		}
 	}
 }

@@ -111,10 +111,9 @@ type ackWait struct {
 	done chan struct{}
 }
 
-// newAckWait awaits the acknowledgements of view id from expect; the
-// coordinator itself is never awaited.
-func (g *GMS) newAckWait(id stack.ViewID, expect []stack.Address) *ackWait {
-	aw := &ackWait{viewAcks: newViewAcks(id, expect, time.Now(), g.cfg.ViewAckTimeout, g.cfg.MaxViewAckWait), done: make(chan struct{})}
+// newAckWait wraps the acknowledgements a view change awaits.
+func newAckWait(acks *viewAcks) *ackWait {
+	aw := &ackWait{viewAcks: acks, done: make(chan struct{})}
 	if aw.complete() {
 		close(aw.done)
 	}
@@ -140,6 +139,23 @@ type mergeState struct {
 type mergeRsp struct {
 	from stack.Address
 	h    *Header
+}
+
+// counters are GMS's statistics.
+type counters struct {
+	viewsInstalled  atomic.Int64 `stat:"views_installed"`
+	joinsHandled    atomic.Int64 `stat:"joins_handled"`
+	leavesHandled   atomic.Int64 `stat:"leaves_handled"`
+	suspectsHandled atomic.Int64 `stat:"suspicions_handled"`
+	merges          atomic.Int64 `stat:"merges"`
+	mergesFailed    atomic.Int64 `stat:"merges_failed"`
+	ackTimeouts     atomic.Int64 `stat:"view_ack_timeouts"`
+	viewsIgnored    atomic.Int64 `stat:"views_ignored"`
+	msgsIgnored     atomic.Int64 `stat:"messages_ignored"`
+	takeovers       atomic.Int64 `stat:"takeovers"`
+	flushFailures   atomic.Int64 `stat:"flush_failures"`
+	flushExclusions atomic.Int64 `stat:"flush_exclusions"`
+	viewsResent     atomic.Int64 `stat:"views_resent"`
 }
 
 // GMS is the group membership protocol.
@@ -170,20 +186,7 @@ type GMS struct {
 	askedCoord    stack.Address // whom askToJoin waits for; guarded by mu
 	leaveDone     chan struct{}
 	wake          chan struct{}
-
-	viewsInstalled  atomic.Int64 `stat:"views_installed"`
-	joinsHandled    atomic.Int64 `stat:"joins_handled"`
-	leavesHandled   atomic.Int64 `stat:"leaves_handled"`
-	suspectsHandled atomic.Int64 `stat:"suspicions_handled"`
-	merges          atomic.Int64 `stat:"merges"`
-	mergesFailed    atomic.Int64 `stat:"merges_failed"`
-	ackTimeouts     atomic.Int64 `stat:"view_ack_timeouts"`
-	viewsIgnored    atomic.Int64 `stat:"views_ignored"`
-	msgsIgnored     atomic.Int64 `stat:"messages_ignored"`
-	takeovers       atomic.Int64 `stat:"takeovers"`
-	flushFailures   atomic.Int64 `stat:"flush_failures"`
-	flushExclusions atomic.Int64 `stat:"flush_exclusions"`
-	viewsResent     atomic.Int64 `stat:"views_resent"`
+	count         counters
 }
 
 var (
@@ -281,7 +284,7 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 	old := g.view
 	if old != nil && !newer(v, old) {
 		g.mu.Unlock()
-		g.viewsIgnored.Add(1)
+		g.count.viewsIgnored.Add(1)
 		return false
 	}
 	g.mu.Unlock()
@@ -311,7 +314,7 @@ func (g *GMS) install(v *stack.View, d stack.Digest) bool {
 	pending := len(g.reqs) > 0
 	coord := g.coordLocked() == g.LocalAddress()
 	g.mu.Unlock()
-	g.viewsInstalled.Add(1)
+	g.count.viewsInstalled.Add(1)
 	// Down to the layers below, then up through the layers above to the
 	// channel: each layer sees the view once.
 	_, _ = g.PassDownEvent(g.Context(), stack.EvViewChange{View: v})
@@ -333,7 +336,7 @@ func (g *GMS) Stats() []stack.Stat {
 	g.mu.Lock()
 	size := int64(g.view.Size())
 	g.mu.Unlock()
-	return append(stack.CounterStats(g),
+	return append(stack.CounterStats(&g.count),
 		stack.Stat{Name: "view_size", Value: size},
 	)
 }

@@ -41,14 +41,14 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	if len(others) == 0 {
 		return
 	}
-	g.merges.Add(1)
+	g.count.merges.Add(1)
 	g.Log().Info("merging subgroups", "coordinators", append([]stack.Address{self}, others...))
 	subs, ok := g.collectMerge(ms, v, others)
 	if !ok {
 		return
 	}
 	if len(subs) < 2 {
-		g.mergesFailed.Add(1)
+		g.count.mergesFailed.Add(1)
 		for _, c := range others {
 			g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
 		}
@@ -63,19 +63,20 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	parts := mergeParticipants(subs)
 	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
 	if err != nil {
-		g.flushFailures.Add(1)
-		g.mergesFailed.Add(1)
+		g.count.flushFailures.Add(1)
+		g.count.mergesFailed.Add(1)
 		g.Log().Warn("merge: cancelled, the flush failed", "error", err)
 		for _, c := range others {
 			g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
 		}
 		return
 	}
-	var mv *stack.View
+	stopped := false
 	defer func() {
-		// After every member acknowledged the merge view (or the merge
-		// gave up): the group may send again.
-		_, _ = g.PassUpEvent(stack.EvStopFlush{View: mv, ViewChange: true})
+		// The merge gave up after its flush: the group may send again.
+		if !stopped {
+			_, _ = g.PassUpEvent(stack.EvStopFlush{ViewChange: true})
+		}
 	}()
 	var without []stack.Address
 	if fr, ok := res.(stack.FlushResult); ok {
@@ -91,7 +92,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		if len(again) != len(subs) {
 			// Without every subgroup's digest after the flush, the merge
 			// view would start some senders at the wrong place.
-			g.mergesFailed.Add(1)
+			g.count.mergesFailed.Add(1)
 			g.Log().Warn("merge: cancelled, a coordinator did not answer after the flush")
 			for _, c := range others {
 				g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
@@ -100,29 +101,16 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		}
 		subs = again
 	}
-	var digest stack.Digest
-	mv, digest = planMerge(self, subs, without)
-	members := mv.Members
+	mv, digest := planMerge(self, subs, without)
 	if len(without) > 0 {
 		g.Log().Warn("merge: excluding members the flush went on without", "excluded", without)
-		g.flushExclusions.Add(int64(len(without)))
+		g.count.flushExclusions.Add(int64(len(without)))
 	}
 	g.Log().Info("installing merge view", "view", mv)
-	aw := g.newAckWait(mv.ID, slices.DeleteFunc(slices.Clone(members), func(m stack.Address) bool { return m == self }))
-	g.mu.Lock()
-	g.acks = aw
-	g.mu.Unlock()
-	g.install(mv, digest)
-	ih := &Header{Type: typeInstallView, View: mv, Digest: digest, MergeID: ms.id}
-	for _, m := range members {
-		if m != self {
-			g.send(m, ih)
-		}
-	}
-	for _, w := range without {
-		g.send(w, ih) // so that they know they are out, and merge back
-	}
-	g.waitAcks(aw, func(a stack.Address) { g.send(a, ih) })
+	// After every member acknowledged the merge view (or the merge gave
+	// up): its flush stops in it, and the group may send again.
+	stopped = true
+	g.announce(newMergeCast(self, &g.count, g.cfg, ms.id, mv, digest, without), nil)
 }
 
 // mergeSub is one subgroup of a merge: its view and its coordinator's digest.
@@ -203,7 +191,7 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 		// A late copy of the leader's earlier request: it asks again with a
 		// new id after its flush, and only that answer counts.
 		g.mu.Unlock()
-		g.msgsIgnored.Add(1)
+		g.count.msgsIgnored.Add(1)
 		return
 	case g.merge != nil && g.merge.id.Leader != h.MergeID.Leader && time.Now().Before(g.merge.until):
 		fail = "busy with another merge"

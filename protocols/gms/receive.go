@@ -31,7 +31,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		}
 		g.mu.Unlock()
 		if v == nil {
-			g.msgsIgnored.Add(1)
+			g.count.msgsIgnored.Add(1)
 			return
 		}
 		if coord != self {
@@ -44,7 +44,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		asked := g.askedCoord
 		g.mu.Unlock()
 		if src != asked {
-			g.msgsIgnored.Add(1) // not the member this one asked to join
+			g.count.msgsIgnored.Add(1) // not the member this one asked to join
 			return
 		}
 		select {
@@ -75,7 +75,7 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		g.mu.Unlock()
 		g.Log().Debug("gms: merge response", "from", src, "merge", h.MergeID, "taken", ok)
 		if !ok {
-			g.msgsIgnored.Add(1)
+			g.count.msgsIgnored.Add(1)
 			return
 		}
 		select {
@@ -102,7 +102,7 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
 	g.mu.Unlock()
 	switch onView(self, src, cur, v, leaving) {
 	case viewIgnore:
-		g.msgsIgnored.Add(1)
+		g.count.msgsIgnored.Add(1)
 		return
 	case viewStale:
 		return
@@ -206,7 +206,7 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 		g.mu.Unlock()
 		for _, a := range e.Behind {
 			if v.Contains(a) && a != g.LocalAddress() {
-				g.viewsResent.Add(1)
+				g.count.viewsResent.Add(1)
 				g.send(a, h)
 			}
 		}
@@ -235,7 +235,7 @@ func (g *GMS) suspect(as []stack.Address) {
 	coord := g.view != nil && g.coordLocked() == self
 	g.mu.Unlock()
 	if added {
-		g.suspectsHandled.Add(1)
+		g.count.suspectsHandled.Add(1)
 		g.Log().Info("members suspected", "members", as)
 	}
 	if added && coord {
