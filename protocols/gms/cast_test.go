@@ -106,3 +106,96 @@ func TestCast(t *testing.T) {
 		require.Equal(t, []effect{stopFlush{stack.EvStopFlush{View: mv, ViewChange: true}}}, r.finish())
 	})
 }
+
+// TestMergeAsk drives a merge leader's request for the other coordinators'
+// views: each asked once at the start and again, only those silent, every
+// fifth of merge_timeout; one answer per coordinator under the current id
+// counts; a refusal counts as an answer without a subgroup; asking ends
+// when all answered or the timeout passed, and nothing counts after.
+func TestMergeAsk(t *testing.T) {
+	as := []stack.Address{stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()}
+	slices.SortFunc(as, stack.Address.Compare)
+	self, b, c, x := as[0], as[1], as[2], as[3]
+	const timeout = 5 * time.Second
+	t0 := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	id := MergeID{Leader: self, N: 3}
+	own := mergeSub{view: stack.NewView(self, 2, self)}
+	vb := stack.NewView(b, 7, b)
+	req := &Header{Type: typeMergeReq, MergeID: id}
+	noLogs := func(out []effect) []effect {
+		return slices.DeleteFunc(out, func(e effect) bool { _, ok := e.(logLine); return ok })
+	}
+
+	t.Run("answers and a refusal", func(t *testing.T) {
+		a, out := newMergeAsk(id, own, []stack.Address{b, c, b}, timeout, t0)
+		require.Equal(t, []effect{sendMsg{to: b, h: req}, sendMsg{to: c, h: req}}, out, "each coordinator once")
+		ok, _ := a.answer(b, &Header{Type: typeMergeRsp, MergeID: MergeID{Leader: self, N: 2}, View: vb})
+		require.False(t, ok, "an answer to an earlier request")
+		ok, _ = a.answer(x, &Header{Type: typeMergeRsp, MergeID: id, View: vb})
+		require.False(t, ok, "from a member not asked")
+		ok, _ = a.answer(b, &Header{Type: typeMergeRsp, MergeID: id, View: vb, Digest: stack.Digest{{Member: b, HighestDelivered: 1}}})
+		require.True(t, ok)
+		ok, _ = a.answer(b, &Header{Type: typeMergeRsp, MergeID: id, View: vb})
+		require.False(t, ok, "a second answer from the same coordinator")
+
+		out, over := a.poll(t0.Add(timeout/5 - 1))
+		require.False(t, over)
+		require.Empty(t, out)
+		out, over = a.poll(t0.Add(timeout / 5))
+		require.False(t, over)
+		require.Equal(t, []effect{sendMsg{to: c, h: req}}, out, "only the silent coordinator is asked again")
+
+		ok, _ = a.answer(c, &Header{Type: typeMergeRsp, MergeID: id, Fail: "busy with another merge"})
+		require.True(t, ok, "a refusal is an answer")
+		_, over = a.poll(t0.Add(timeout / 5))
+		require.True(t, over)
+		require.Equal(t, []mergeSub{own, {view: vb, digest: stack.Digest{{Member: b, HighestDelivered: 1}}}}, a.subs)
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		a, _ := newMergeAsk(id, own, []stack.Address{b}, timeout, t0)
+		out, over := a.poll(t0.Add(timeout))
+		require.True(t, over)
+		require.Empty(t, noLogs(out))
+		ok, _ := a.answer(b, &Header{Type: typeMergeRsp, MergeID: id, View: vb})
+		require.False(t, ok, "nothing counts once asking is over")
+		require.Equal(t, []mergeSub{own}, a.subs)
+	})
+}
+
+// TestOnMergeReq checks a coordinator's answer to a merge request: refused
+// by a member that is not coordinator, busy with another leader's merge
+// (until it times out), or already in the leader's view; a late copy of the
+// leader's earlier request is ignored; a leader's new request replaces its
+// earlier one.
+func TestOnMergeReq(t *testing.T) {
+	self, b, leader, other := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	t0 := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	v := stack.NewView(self, 4, self, b)
+	id := MergeID{Leader: leader, N: 5}
+	cases := []struct {
+		name   string
+		coord  stack.Address
+		src    stack.Address
+		v      *stack.View
+		cur    *mergeState
+		fail   string
+		ignore bool
+	}{
+		{"accepted", self, leader, v, nil, "", false},
+		{"no view yet", self, leader, nil, nil, "not a coordinator", false},
+		{"not the coordinator", b, leader, v, nil, "not a coordinator", false},
+		{"another leader's merge", self, leader, v, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0.Add(time.Second)}, "busy with another merge", false},
+		{"another leader's merge, timed out", self, leader, v, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0}, "", false},
+		{"the leader's earlier request, late", self, leader, v, &mergeState{id: MergeID{Leader: leader, N: 6}, until: t0.Add(time.Second)}, "", true},
+		{"the leader asks again after its flush", self, leader, v, &mergeState{id: MergeID{Leader: leader, N: 4}, until: t0.Add(time.Second)}, "", false},
+		{"the leader is in this view already", self, b, v, nil, "already in one view", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fail, ignore := onMergeReq(self, tc.coord, tc.src, tc.v, tc.cur, id, t0)
+			require.Equal(t, tc.fail, fail)
+			require.Equal(t, tc.ignore, ignore)
+		})
+	}
+}

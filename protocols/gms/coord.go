@@ -62,11 +62,11 @@ func (g *GMS) waitMerge(done <-chan struct{}) bool {
 	for {
 		g.mu.Lock()
 		ms := g.merge
-		if ms != nil && ms.rsps == nil && !time.Now().Before(ms.until) {
+		if ms != nil && !ms.leader && !time.Now().Before(ms.until) {
 			g.merge, ms = nil, nil
 		}
 		g.mu.Unlock()
-		if ms == nil || ms.rsps != nil {
+		if ms == nil || ms.leader {
 			return true
 		}
 		if !sleep(done, time.Until(ms.until)+time.Millisecond) {

@@ -130,15 +130,11 @@ func (aw *ackWait) settle(completed bool) {
 
 // mergeState is a coordinator's part in one merge.
 type mergeState struct {
-	id    MergeID
-	until time.Time
-	rsps  chan *mergeRsp         // the leader's; nil for a participant
-	asked map[stack.Address]bool // the leader's: coordinators yet to answer; guarded by GMS.mu
-}
-
-type mergeRsp struct {
-	from stack.Address
-	h    *Header
+	id     MergeID
+	until  time.Time
+	leader bool          // this coordinator leads the merge
+	ask    *mergeAsk     // the leader's current request; guarded by GMS.mu
+	wake   chan struct{} // the leader's: an answer came
 }
 
 // counters are GMS's statistics.

@@ -1,7 +1,6 @@
 package gms
 
 import (
-	"maps"
 	"slices"
 	"time"
 
@@ -21,7 +20,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		return
 	}
 	g.mergeN++
-	ms := &mergeState{id: MergeID{Leader: self, N: g.mergeN}, until: time.Now().Add(g.cfg.MergeTimeout), rsps: make(chan *mergeRsp, len(coords))}
+	ms := &mergeState{id: MergeID{Leader: self, N: g.mergeN}, until: time.Now().Add(g.cfg.MergeTimeout), leader: true, wake: make(chan struct{}, 1)}
 	g.merge = ms
 	g.mu.Unlock()
 	defer func() {
@@ -120,60 +119,41 @@ type mergeSub struct {
 }
 
 // collectMerge asks the coordinators for their views and digests (again,
-// after the flush: the same merge id) and returns the leader's subgroup
-// first, then those that accepted, within merge_timeout. ok is false when
-// the stack stops.
+// after the flush: under a new merge id) and returns the leader's subgroup
+// first, then those that accepted, within merge_timeout (mergeAsk decides).
+// ok is false when the stack stops.
 func (g *GMS) collectMerge(ms *mergeState, own *stack.View, coords []stack.Address) (subs []mergeSub, ok bool) {
+	d := g.digest()
 	g.mu.Lock()
-	if ms.asked != nil {
+	if ms.ask != nil {
 		// Asking again (after the flush): a new id, so that no answer to
 		// the earlier request, with a digest from before the flush, counts.
 		g.mergeN++
 		ms.id = MergeID{Leader: ms.id.Leader, N: g.mergeN}
 	}
-	for len(ms.rsps) > 0 { // answers to an earlier request
-		<-ms.rsps
-	}
-	ms.asked = map[stack.Address]bool{}
-	for _, c := range coords {
-		ms.asked[c] = true
-	}
+	ask, out := newMergeAsk(ms.id, mergeSub{own, d}, coords, g.cfg.MergeTimeout, time.Now())
+	ms.ask = ask
 	g.mu.Unlock()
-	for _, c := range coords {
-		g.send(c, &Header{Type: typeMergeReq, MergeID: ms.id})
-	}
-	subs = []mergeSub{{own, g.digest()}}
-	t := time.NewTimer(g.cfg.MergeTimeout)
-	defer t.Stop()
-	// A request or answer can be lost (the last message of a reliable
-	// unicast connection is not repaired until the next one): ask again
-	// those that have not answered. The same merge id gets the same answer.
-	again := time.NewTicker(g.cfg.MergeTimeout / 5)
-	defer again.Stop()
-	for waiting := len(coords); waiting > 0; {
+	g.do(out)
+	for {
+		g.mu.Lock()
+		out, over := ask.poll(time.Now())
+		due := ask.retry.Due()
+		g.mu.Unlock()
+		g.do(out)
+		if over {
+			return ask.subs, true // over: no answer changes them any more
+		}
+		t := time.NewTimer(time.Until(due))
 		select {
-		case <-again.C:
-			g.mu.Lock()
-			missing := slices.Collect(maps.Keys(ms.asked))
-			g.mu.Unlock()
-			for _, c := range missing {
-				g.send(c, &Header{Type: typeMergeReq, MergeID: ms.id})
-			}
-		case r := <-ms.rsps:
-			waiting--
-			if r.h.Fail != "" || r.h.View == nil {
-				g.Log().Info("merge refused", "by", r.from, "reason", r.h.Fail)
-				continue
-			}
-			subs = append(subs, mergeSub{r.h.View, r.h.Digest})
+		case <-ms.wake:
 		case <-t.C:
-			g.Log().Warn("merge: not every coordinator answered within merge_timeout", "answered", len(subs)-1, "asked", len(coords))
-			waiting = 0
 		case <-g.Done():
+			t.Stop()
 			return nil, false
 		}
+		t.Stop()
 	}
-	return subs, true
 }
 
 // handleMergeReq is a subgroup coordinator's part: it answers with its view
@@ -183,22 +163,19 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 	self := g.LocalAddress()
 	g.mu.Lock()
 	v := g.view
-	fail := ""
-	switch {
-	case v == nil || g.coordLocked() != self:
-		fail = "not a coordinator"
-	case g.merge != nil && g.merge.id.Leader == h.MergeID.Leader && h.MergeID.N < g.merge.id.N:
-		// A late copy of the leader's earlier request: it asks again with a
-		// new id after its flush, and only that answer counts.
+	var coord stack.Address
+	if v != nil {
+		coord = g.coordLocked()
+	}
+	now := time.Now()
+	fail, ignore := onMergeReq(self, coord, src, v, g.merge, h.MergeID, now)
+	if ignore {
 		g.mu.Unlock()
 		g.count.msgsIgnored.Add(1)
 		return
-	case g.merge != nil && g.merge.id.Leader != h.MergeID.Leader && time.Now().Before(g.merge.until):
-		fail = "busy with another merge"
-	case v.Contains(src):
-		fail = "already in one view"
-	default:
-		g.merge = &mergeState{id: h.MergeID, until: time.Now().Add(g.cfg.MergeTimeout)}
+	}
+	if fail == "" {
+		g.merge = &mergeState{id: h.MergeID, until: now.Add(g.cfg.MergeTimeout)}
 	}
 	g.mu.Unlock()
 	g.Log().Debug("gms: merge request", "from", src, "merge", h.MergeID, "fail", fail)

@@ -151,6 +151,27 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 	return stack.NewMergeView(self, seq+1, members, views), digest
 }
 
+// onMergeReq decides what coordinator candidate self (coord: the member
+// that coordinates its view v) answers to the MERGE_REQ of merge id from
+// src, while it takes part in merge cur (nil: none). ignore: a late copy of
+// the leader's earlier request (it asks again under a new id after its
+// flush, and only that answer counts). fail says why it refuses: it is not
+// a coordinator, it takes part in another leader's merge that has not
+// timed out, or src is in its view already. Otherwise it accepts.
+func onMergeReq(self, coord, src stack.Address, v *stack.View, cur *mergeState, id MergeID, now time.Time) (fail string, ignore bool) {
+	switch {
+	case v == nil || coord != self:
+		return "not a coordinator", false
+	case cur != nil && cur.id.Leader == id.Leader && id.N < cur.id.N:
+		return "", true
+	case cur != nil && cur.id.Leader != id.Leader && now.Before(cur.until):
+		return "busy with another merge", false
+	case v.Contains(src):
+		return "already in one view", false
+	}
+	return "", false
+}
+
 // viewAction is what a member does with a view it received.
 type viewAction uint8
 

@@ -68,9 +68,10 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		// forged (merge ids are not secret).
 		g.mu.Lock()
 		ms := g.merge
-		ok := ms != nil && ms.rsps != nil && ms.id == h.MergeID && ms.asked[src]
-		if ok {
-			delete(ms.asked, src)
+		var ok bool
+		var out []effect
+		if ms != nil && ms.ask != nil {
+			ok, out = ms.ask.answer(src, h)
 		}
 		g.mu.Unlock()
 		g.Log().Debug("gms: merge response", "from", src, "merge", h.MergeID, "taken", ok)
@@ -78,13 +79,14 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 			g.count.msgsIgnored.Add(1)
 			return
 		}
+		g.do(out)
 		select {
-		case ms.rsps <- &mergeRsp{from: src, h: h}:
+		case ms.wake <- struct{}{}:
 		default:
 		}
 	case typeCancelMerge:
 		g.mu.Lock()
-		if g.merge != nil && g.merge.id == h.MergeID && g.merge.rsps == nil {
+		if g.merge != nil && g.merge.id == h.MergeID && !g.merge.leader {
 			g.merge = nil
 		}
 		g.mu.Unlock()
@@ -131,7 +133,7 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
 	}
 	if d != nil {
 		g.mu.Lock()
-		if g.merge != nil && g.merge.rsps == nil && g.merge.id.Leader == src {
+		if g.merge != nil && !g.merge.leader && g.merge.id.Leader == src {
 			g.merge = nil
 		}
 		g.mu.Unlock()
