@@ -74,23 +74,19 @@ func (g *GMS) join(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		switch {
-		case rsp == nil:
+		act, next := onJoinRsp(self, rsp)
+		switch act {
+		case joinRetry:
 			g.Log().Info("join attempt timed out", "coordinator", coord, "join_timeout", g.cfg.JoinTimeout)
-			coord = stack.Address{}
-		case rsp.refused != nil:
+		case joinRefused:
 			g.Log().Warn("join refused", "by", coord, "reason", rsp.refused)
 			return fmt.Errorf("gms: join refused by %s: %w", coord, rsp.refused)
-		case rsp.Fail != "":
+		case joinRedirected:
 			g.Log().Debug("join refused", "by", coord, "reason", rsp.Fail, "ask", rsp.Coord)
-			coord = rsp.Coord
-			if coord == self {
-				coord = stack.Address{}
-			}
-			if coord.IsZero() && !sleep(ctx.Done(), g.backoff()) {
+			if next.IsZero() && !sleep(ctx.Done(), g.backoff()) {
 				return ctx.Err()
 			}
-		case rsp.View != nil && rsp.View.Contains(self):
+		case joinJoined:
 			g.mu.Lock()
 			g.view = nil
 			g.mu.Unlock()
@@ -101,9 +97,8 @@ func (g *GMS) join(ctx context.Context) error {
 			}
 			g.printJoined(rsp.View)
 			return nil
-		default:
-			coord = stack.Address{}
 		}
+		coord = next
 		if coord.IsZero() && giveUp("no answer from a coordinator") {
 			return g.becomeSingleton()
 		}

@@ -8,11 +8,15 @@ import (
 	"github.com/strata-go/strata/stack"
 )
 
-// The coordinator's decisions, apart from its I/O: what view follows a
-// bundle of requests, and who the flush before it excludes. These
-// functions take the state they need and return what to do; they start
-// nothing, send nothing and read no clock, so they are tested directly
-// (plan_test.go). coord.go carries the plans out.
+// GMS's decisions, apart from its I/O: what view follows a bundle of
+// requests, who the flush before it excludes, what a merge view holds, what
+// a member does with a view, a join answer or a merge request, and which
+// acknowledgements a view still awaits. These functions take the state
+// they need and return what to do; they start nothing, send nothing and
+// read no clock, so they are tested directly (plan_test.go). The state
+// machines that carry a view change and a merge request out are in
+// cast.go and mergeask.go; coord.go, join.go, merge.go and receive.go do
+// the I/O.
 
 // viewPlan is what the coordinator does with one bundle of requests.
 type viewPlan struct {
@@ -170,6 +174,44 @@ func onMergeReq(self, coord, src stack.Address, v *stack.View, cur *mergeState, 
 		return "already in one view", false
 	}
 	return "", false
+}
+
+// joinAction is what a joiner does with the outcome of one join attempt.
+type joinAction uint8
+
+const (
+	// joinRetry: no answer within join_timeout; find the coordinator again.
+	joinRetry joinAction = iota
+	// joinJoined: the answer's view has this member; install it.
+	joinJoined
+	// joinRefused: refused for good (a layer below, AUTH, says why).
+	joinRefused
+	// joinRedirected: not the coordinator (or busy); ask the member the
+	// answer names, or, if none, find the coordinator again after a pause.
+	joinRedirected
+	// joinStray: an answer with a view without this member; find the
+	// coordinator again.
+	joinStray
+)
+
+// onJoinRsp decides what joiner self does with the answer rsp to its join
+// request (nil: none in time), and whom it asks next (zero: it runs
+// discovery again).
+func onJoinRsp(self stack.Address, rsp *Header) (joinAction, stack.Address) {
+	switch {
+	case rsp == nil:
+		return joinRetry, stack.Address{}
+	case rsp.refused != nil:
+		return joinRefused, stack.Address{}
+	case rsp.Fail != "":
+		if rsp.Coord == self {
+			return joinRedirected, stack.Address{}
+		}
+		return joinRedirected, rsp.Coord
+	case rsp.View != nil && rsp.View.Contains(self):
+		return joinJoined, stack.Address{}
+	}
+	return joinStray, stack.Address{}
 }
 
 // viewAction is what a member does with a view it received.

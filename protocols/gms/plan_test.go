@@ -1,6 +1,7 @@
 package gms
 
 import (
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -233,4 +234,33 @@ func TestViewAcks(t *testing.T) {
 	require.False(t, giveUp, "complete: nothing to resend, no giving up")
 
 	require.True(t, newViewAcks(id, nil, t0, time.Second, time.Second).complete(), "a view of the coordinator alone")
+}
+
+// TestOnJoinRsp checks what a joiner does with each answer to its join
+// request: none in time, refused for good, sent to another member (or to
+// itself, which means nobody), joined, or a view that does not have it.
+func TestOnJoinRsp(t *testing.T) {
+	self, coord, other := stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	var none stack.Address
+	cases := []struct {
+		name string
+		rsp  *Header
+		act  joinAction
+		next stack.Address
+	}{
+		{"no answer in time", nil, joinRetry, none},
+		{"refused by AUTH", &Header{Type: typeJoinRsp, Fail: "bad token", refused: errors.New("bad token")}, joinRefused, none},
+		{"not the coordinator: ask the one it names", &Header{Type: typeJoinRsp, Fail: "not coordinator", Coord: coord}, joinRedirected, coord},
+		{"busy, names nobody", &Header{Type: typeJoinRsp, Fail: "busy"}, joinRedirected, none},
+		{"names this member", &Header{Type: typeJoinRsp, Fail: "not coordinator", Coord: self}, joinRedirected, none},
+		{"joined", &Header{Type: typeJoinRsp, View: stack.NewView(coord, 2, coord, self)}, joinJoined, none},
+		{"a view without this member", &Header{Type: typeJoinRsp, View: stack.NewView(coord, 2, coord, other)}, joinStray, none},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			act, next := onJoinRsp(self, tc.rsp)
+			require.Equal(t, tc.act, act)
+			require.Equal(t, tc.next, next)
+		})
+	}
 }
