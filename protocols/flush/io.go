@@ -107,7 +107,6 @@ func (f *FLUSH) do(out []effect) {
 			// the gate, so the digest taken next covers every multicast
 			// this member sent.
 			f.inflight.Lock()
-			//lint:ignore SA2001 the empty critical section is the point: it drains in-flight senders
 			f.inflight.Unlock()
 		case answerCompleted:
 			d := f.digest(e.hold)
