@@ -40,18 +40,15 @@ func (f *FLUSH) Up(m *stack.Message) {
 
 func (f *FLUSH) handle(src stack.Address, h *Header) {
 	switch h.Type {
-	case typeStart, typeStop, typeAbort:
-		if src != h.Round.Initiator {
-			return
-		}
-		if h.Type == typeStart {
-			f.step(func(p *participant, now time.Time) []effect { return p.start(h, now) })
-		} else {
-			f.step(func(p *participant, now time.Time) []effect { return p.stop(h, now) })
-		}
+	case typeStart:
+		f.step(func(p *participant, now time.Time) []effect { return p.start(src, h, now) })
+	case typeStop, typeAbort:
+		f.step(func(p *participant, now time.Time) []effect { return p.stop(src, h, now) })
 	case typeReconcile:
+		// Not a transition (no pmu): the fetch runs on a goroutine of its
+		// own while the member stays blocked.
 		f.mu.Lock()
-		out := f.part.reconcile(h)
+		out := f.part.reconcile(src, h)
 		f.mu.Unlock()
 		f.do(out)
 	case typeCompleted, typeReconcileOK, typeUnblocked:

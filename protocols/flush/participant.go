@@ -114,9 +114,12 @@ func (p *participant) reset() {
 	clear(p.done)
 }
 
-// start takes a START_FLUSH from its initiator.
-func (p *participant) start(h *Header, now time.Time) []effect {
-	src := h.Round.Initiator
+// start takes a START_FLUSH from src. Only a round's initiator starts,
+// reconciles and ends it: anything else is forged or stray.
+func (p *participant) start(src stack.Address, h *Header, now time.Time) []effect {
+	if src != h.Round.Initiator {
+		return nil
+	}
 	var old *partRound
 	switch onStart(h, p.cur, p.done[src]) {
 	case startOver:
@@ -153,18 +156,20 @@ func (p *participant) block(now time.Time) []effect {
 	return []effect{logLine{slog.LevelDebug, "flush: blocking", []any{"round", p.cur.String()}}, blockGate{call: call}}
 }
 
-// reconcile takes a RECONCILE: the round's participants fetch what anyone
-// received.
-func (p *participant) reconcile(h *Header) []effect {
-	if p.cur == nil || p.cur.id != h.Round {
+// reconcile takes a RECONCILE from src: the round's participants fetch
+// what anyone received.
+func (p *participant) reconcile(src stack.Address, h *Header) []effect {
+	if src != h.Round.Initiator || p.cur == nil || p.cur.id != h.Round {
 		return nil
 	}
-	return []effect{fetchMissing{to: h.Round.Initiator, h: h}}
+	return []effect{fetchMissing{to: src, h: h}}
 }
 
-// stop takes a STOP_FLUSH or an ABORT from its initiator.
-func (p *participant) stop(h *Header, now time.Time) []effect {
-	src := h.Round.Initiator
+// stop takes a STOP_FLUSH or an ABORT from src.
+func (p *participant) stop(src stack.Address, h *Header, now time.Time) []effect {
+	if src != h.Round.Initiator {
+		return nil
+	}
 	if h.Round.N > p.done[src] {
 		p.done[src] = h.Round.N
 	}
@@ -251,7 +256,7 @@ func (p *participant) viewDelivered(v *stack.View, self stack.Address, now time.
 	orphan := cur != nil && !v.Contains(cur.id.Initiator) && cur.id.Initiator != self
 	var out []effect
 	if ready {
-		out = append(out, p.stop(sw, now)...)
+		out = append(out, p.stop(sw.Round.Initiator, sw, now)...)
 	}
 	if held {
 		out = append(out, p.releaseHeld()...)

@@ -45,8 +45,19 @@ func TestParticipant(t *testing.T) {
 	}
 
 	type in func(p *participant, now time.Time) []effect
-	onStart := func(h *Header) in { return func(p *participant, now time.Time) []effect { return p.start(h, now) } }
-	onStop := func(h *Header) in { return func(p *participant, now time.Time) []effect { return p.stop(h, now) } }
+	onStart := func(h *Header) in {
+		return func(p *participant, now time.Time) []effect { return p.start(h.Round.Initiator, h, now) }
+	}
+	onStop := func(h *Header) in {
+		return func(p *participant, now time.Time) []effect { return p.stop(h.Round.Initiator, h, now) }
+	}
+	// forged: the same message from a member that is not its round's
+	// initiator.
+	forged := func(h *Header) in {
+		return func(p *participant, now time.Time) []effect {
+			return append(append(p.start(b, h, now), p.reconcile(b, h)...), p.stop(b, h, now)...)
+		}
+	}
 	view := func(v *stack.View) in { return func(p *participant, _ time.Time) []effect { p.view = v; return nil } }
 	delivered := func(v *stack.View) in {
 		return func(p *participant, now time.Time) []effect { return p.viewDelivered(v, self, now) }
@@ -63,13 +74,17 @@ func TestParticipant(t *testing.T) {
 		steps []step
 		check func(t *testing.T, c *counters)
 	}{
-		{"a round: block once, answer again when asked, fetch, unblock, ignore its late start", []step{
+		{"a round: block once, answer again when asked, fetch, unblock, ignore its late start and forgeries", []step{
 			{0, view(v1), nil},
 			{0, onStart(start(a, 1, false)), []effect{blockGate{call: true}, answer(a, 1, false)}},
 			{1, onStart(start(a, 1, false)), []effect{answer(a, 1, false)}},
-			{2, func(p *participant, _ time.Time) []effect { return p.reconcile(rec) }, []effect{fetchMissing{to: a, h: rec}}},
+			{2, forged(rec), nil},
+			{2, forged(start(a, 2, true)), nil},
+			{2, forged(stop(a, 1, nil)), nil},
+			{2, forged(abort(a, 1)), nil},
+			{2, func(p *participant, _ time.Time) []effect { return p.reconcile(a, rec) }, []effect{fetchMissing{to: a, h: rec}}},
 			{2, func(p *participant, _ time.Time) []effect {
-				return p.reconcile(&Header{Type: typeReconcile, Round: rid(a, 2)})
+				return p.reconcile(a, &Header{Type: typeReconcile, Round: rid(a, 2)})
 			}, nil},
 			{time.Second, onStop(stop(a, 1, nil)), []effect{releaseHold{}, openGate{call: true}, unblocked(a, 1)}},
 			{time.Second, onStart(start(a, 1, false)), nil},
