@@ -50,6 +50,13 @@ func TestSimConfigStartsAGroup(t *testing.T) {
 // startFromConfig starts n members from a shipped config with vars, all at
 // once, and waits until they are in one view; it returns them and how long
 // that took.
+// formTimeout bounds the wait for members started together to share one
+// view. They normally find each other in discovery within a second; on a
+// loaded machine two of them may each miss the other's discovery and start
+// groups of their own, which MERGE3 (JGroups' intervals: announcements
+// every 10-30 s, a check every 48 s) joins within about 80 s.
+const formTimeout = 2 * time.Minute
+
 func startFromConfig(t *testing.T, file string, n int, vars map[string]string) ([]*stack.Channel, []*stacktest.Collector, time.Duration) {
 	t.Helper()
 	var chs []*stack.Channel
@@ -76,7 +83,7 @@ func startFromConfig(t *testing.T, file string, n int, vars map[string]string) (
 	for range n {
 		require.NoError(t, <-errs)
 	}
-	stacktest.WaitForSameView(t, 30*time.Second, chs...)
+	stacktest.WaitForSameView(t, formTimeout, chs...)
 	return chs, cols, time.Since(start)
 }
 
@@ -189,7 +196,7 @@ func TestFlushConfigJoinsWithStateOnLoopback(t *testing.T) {
 	for _, ch := range chs[:3] {
 		require.NoError(t, ch.Connect(t.Context(), "flush-cfg"))
 	}
-	stacktest.WaitForSameView(t, 30*time.Second, chs[:3]...)
+	stacktest.WaitForSameView(t, formTimeout, chs[:3]...)
 	for i, ch := range chs[:3] {
 		for k := range 10 {
 			require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, k, 8))))
@@ -230,7 +237,7 @@ func TestGroupFCConfigOnLoopback(t *testing.T) {
 	for _, ch := range chs {
 		require.NoError(t, ch.Connect(t.Context(), "groupfc-cfg"))
 	}
-	stacktest.WaitForSameView(t, 30*time.Second, chs...)
+	stacktest.WaitForSameView(t, formTimeout, chs...)
 	g, err := groupfc.Of(chs[0])
 	require.NoError(t, err)
 	require.NoError(t, g.Broadcast(t.Context(), []byte("hello")))
