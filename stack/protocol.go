@@ -232,16 +232,24 @@ func (b *Base) PassDownEvent(ctx context.Context, ev Event) (any, error) {
 	return nil, nil
 }
 
-// noteView records the view of a VIEW_CHANGE about to reach p, for View.
+// noteView records the view of a VIEW_CHANGE about to reach p, for View;
+// a DISCONNECT about to reach p forgets it.
 func noteView(p Protocol, ev Event) {
-	if vc, ok := ev.(EvViewChange); ok && vc.View != nil {
-		p.base().view.Store(vc.View)
+	switch e := ev.(type) {
+	case EvViewChange:
+		if e.View != nil {
+			p.base().view.Store(e.View)
+		}
+	case EvDisconnect:
+		p.base().view.Store(nil)
 	}
 }
 
 // View returns the last view that reached this layer (down from the
-// membership layer or up from it), or nil before the first. Layers that
-// only need to know the view read it here rather than keep a copy.
+// membership layer or up from it), or nil before the first and once a
+// DISCONNECT has reached the layer (below the membership layer: once the
+// member has left). Layers that only need to know the view read it here
+// rather than keep a copy.
 func (b *Base) View() *View { return b.view.Load() }
 
 // PassUpEvent sends ev to the layer above; at the top it reaches the channel.

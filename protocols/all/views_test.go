@@ -102,5 +102,17 @@ func TestEachLayerSeesEachViewOnce(t *testing.T) {
 				}
 			}
 		}
+		// A member that disconnects forgets the view in every layer, those
+		// below GMS once it has left (MERGE3 and PING then stop announcing
+		// it as a member).
+		require.NoError(t, chs[2].Disconnect(t.Context()))
+		for _, s := range []*viewSpy{all[2].below, all[2].above, all[2].top} {
+			require.Nil(t, s.View(), "Base.View of %s after Disconnect", s.name)
+		}
+		for _, p := range chs[2].Stack().Protocols() {
+			if b, ok := p.(interface{ View() *stack.View }); ok {
+				require.Nil(t, b.View(), "%s's view after Disconnect", p.Name())
+			}
+		}
 	})
 }

@@ -8,7 +8,6 @@
 package merge3
 
 import (
-	"context"
 	"net/netip"
 	"slices"
 	"sync"
@@ -106,7 +105,6 @@ type Merge3 struct {
 	cfg Config
 
 	mu    sync.Mutex
-	view  *stack.View
 	heard map[stack.Address]*Header // announcements since the last check
 
 	sent         atomic.Int64 `stat:"announcements_sent"`
@@ -129,7 +127,6 @@ func (m *Merge3) Init() error { return m.cfg.Validate() }
 // Start starts announcing and checking.
 func (m *Merge3) Start() error {
 	m.mu.Lock()
-	m.view = nil
 	clear(m.heard)
 	m.mu.Unlock()
 	m.Go(func(done <-chan struct{}) {
@@ -153,9 +150,7 @@ func (m *Merge3) Start() error {
 }
 
 func (m *Merge3) self() *Header {
-	m.mu.Lock()
-	v := m.view
-	m.mu.Unlock()
+	v := m.View()
 	if v == nil {
 		return nil
 	}
@@ -179,9 +174,7 @@ func (m *Merge3) Announce() {
 	m.sendInfo(stack.Address{}, h)
 	known, _ := m.PassDownEvent(m.Context(), stack.EvKnownMembers{})
 	as, _ := known.([]stack.Address)
-	m.mu.Lock()
-	v := m.view
-	m.mu.Unlock()
+	v := m.View()
 	for _, a := range as {
 		if !v.Contains(a) {
 			m.sendInfo(a, h)
@@ -201,8 +194,8 @@ func (m *Merge3) sendInfo(dest stack.Address, h *Header) {
 // of them passes EvMerge up.
 func (m *Merge3) Check() {
 	self := m.LocalAddress()
+	v := m.View()
 	m.mu.Lock()
-	v := m.view
 	heard := m.heard
 	m.heard = map[stack.Address]*Header{}
 	m.mu.Unlock()
@@ -283,23 +276,6 @@ func (m *Merge3) Up(msg *stack.Message) {
 		return
 	}
 	m.PassUp(msg)
-}
-
-// DownEvent tracks the view.
-func (m *Merge3) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch e := ev.(type) {
-	case stack.EvViewChange:
-		if v := e.View; v != nil {
-			m.mu.Lock()
-			m.view = v
-			m.mu.Unlock()
-		}
-	case stack.EvDisconnect:
-		m.mu.Lock()
-		m.view = nil
-		m.mu.Unlock()
-	}
-	return m.PassDownEvent(ctx, ev)
 }
 
 // Stats reports MERGE3's counters.

@@ -142,7 +142,6 @@ type Discovery struct {
 	maxDyn int
 
 	mu      sync.Mutex
-	view    *stack.View
 	rounds  map[*round]struct{}
 	dynamic map[netip.AddrPort]struct{} // STATIC_PING: hosts that contacted us
 
@@ -185,10 +184,9 @@ func (d *Discovery) Init() error {
 	return d.cfg.Validate()
 }
 
-// Start clears what an earlier connection learnt of views.
+// Start clears what an earlier connection learnt.
 func (d *Discovery) Start() error {
 	d.mu.Lock()
-	d.view = nil
 	d.rounds = map[*round]struct{}{}
 	d.dynamic = map[netip.AddrPort]struct{}{}
 	d.mu.Unlock()
@@ -202,11 +200,9 @@ func (d *Discovery) self() stack.MemberInfo {
 	if v, _ := d.PassDownEvent(d.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
 		mi.Physical, _ = v.(netip.AddrPort)
 	}
-	d.mu.Lock()
-	if d.view != nil {
-		mi.IsServer, mi.Coord = true, d.view.Coordinator()
+	if v := d.View(); v != nil {
+		mi.IsServer, mi.Coord = true, v.Coordinator()
 	}
-	d.mu.Unlock()
 	return mi
 }
 
@@ -399,21 +395,10 @@ func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
 	return d.PassUpEvent(ev)
 }
 
-// DownEvent runs discovery rounds and tracks the view.
+// DownEvent runs discovery rounds.
 func (d *Discovery) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch e := ev.(type) {
-	case stack.EvFindMembers:
+	if e, ok := ev.(stack.EvFindMembers); ok {
 		return d.FindMembers(ctx, e.Timeout, e.BreakOnCoord && d.cfg.BreakOnCoord), nil
-	case stack.EvViewChange:
-		if v := e.View; v != nil {
-			d.mu.Lock()
-			d.view = v
-			d.mu.Unlock()
-		}
-	case stack.EvDisconnect:
-		d.mu.Lock()
-		d.view = nil
-		d.mu.Unlock()
 	}
 	return d.PassDownEvent(ctx, ev)
 }
