@@ -22,8 +22,9 @@ type castRun struct {
 	nv    *stack.View
 	// merge: a merge view, sent to each member with its digest
 	// (INSTALL_VIEW); the members its flush went on without are told but
-	// not awaited (they are in other subgroups, whose failure detection
-	// this coordinator does not hear).
+	// not awaited (one from another subgroup is not watched by this
+	// member's failure detection: waiting for it would keep the merged
+	// group blocked until max_view_ack_wait).
 	merge                 bool
 	mergeID               MergeID
 	joiners, stateJoiners []stack.Address
