@@ -28,6 +28,7 @@ const (
 	IDAUTH          uint16 = 20
 	IDUFC           uint16 = 21
 	IDMFC           uint16 = 22
+	IDRPC           uint16 = 23 // package rpc's request/response header (not a layer)
 
 	// IDUserMin is the first id free for protocols outside strata.
 	IDUserMin uint16 = 1024
