@@ -121,7 +121,7 @@ func TestMergeAsk(t *testing.T) {
 	id := MergeID{Leader: self, N: 3}
 	own := mergeSub{view: stack.NewView(self, 2, self)}
 	vb := stack.NewView(b, 7, b)
-	req := &Header{Type: typeMergeReq, MergeID: id}
+	req := &Header{Type: typeMergeReq, MergeID: id, View: own.view} // the leader's view: a member left out of it answers for the rest (onMergeReq)
 	noLogs := func(out []effect) []effect {
 		return slices.DeleteFunc(out, func(e effect) bool { _, ok := e.(logLine); return ok })
 	}
@@ -167,35 +167,46 @@ func TestMergeAsk(t *testing.T) {
 // by a member that is not coordinator, busy with another leader's merge
 // (until it times out), or already in the leader's view; a late copy of the
 // leader's earlier request is ignored; a leader's new request replaces its
-// earlier one.
+// earlier one. A member whose coordinator is in the leader's view (it went
+// on without the member) answers for what is left of its view when it is
+// the first of them.
 func TestOnMergeReq(t *testing.T) {
-	self, b, leader, other := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	self, b, leader, other, x := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
 	t0 := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 	v := stack.NewView(self, 4, self, b)
+	lv := stack.NewView(leader, 9, leader)
+	movedOn := stack.NewView(leader, 9, leader, b) // b went on to the leader's view
+	vb := stack.NewView(b, 5, b, self, x)          // b's view, which b left
 	id := MergeID{Leader: leader, N: 5}
 	cases := []struct {
 		name   string
 		coord  stack.Address
 		src    stack.Address
-		v      *stack.View
+		v, lv  *stack.View
 		cur    *mergeState
+		sub    *stack.View
 		fail   string
 		ignore bool
 	}{
-		{"accepted", self, leader, v, nil, "", false},
-		{"no view yet", self, leader, nil, nil, "not a coordinator", false},
-		{"not the coordinator", b, leader, v, nil, "not a coordinator", false},
-		{"another leader's merge", self, leader, v, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0.Add(time.Second)}, "busy with another merge", false},
-		{"another leader's merge, timed out", self, leader, v, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0}, "", false},
-		{"the leader's earlier request, late", self, leader, v, &mergeState{id: MergeID{Leader: leader, N: 6}, until: t0.Add(time.Second)}, "", true},
-		{"the leader asks again after its flush", self, leader, v, &mergeState{id: MergeID{Leader: leader, N: 4}, until: t0.Add(time.Second)}, "", false},
-		{"the leader is in this view already", self, b, v, nil, "already in one view", false},
+		{"accepted", self, leader, v, lv, nil, v, "", false},
+		{"no view yet", self, leader, nil, lv, nil, nil, "not a coordinator", false},
+		{"not the coordinator", b, leader, v, lv, nil, nil, "not a coordinator", false},
+		{"another leader's merge", self, leader, v, lv, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0.Add(time.Second)}, nil, "busy with another merge", false},
+		{"another leader's merge, timed out", self, leader, v, lv, &mergeState{id: MergeID{Leader: other, N: 1}, until: t0}, v, "", false},
+		{"the leader's earlier request, late", self, leader, v, lv, &mergeState{id: MergeID{Leader: leader, N: 6}, until: t0.Add(time.Second)}, nil, "", true},
+		{"the leader asks again after its flush", self, leader, v, lv, &mergeState{id: MergeID{Leader: leader, N: 4}, until: t0.Add(time.Second)}, v, "", false},
+		{"the leader is in this view already", self, b, v, lv, nil, nil, "already in one view", false},
+		{"left out by its coordinator, first of the rest", b, leader, vb, movedOn, nil, stack.NewView(b, 5, self, x), "", false},
+		{"left out by its coordinator, not first of the rest", b, leader, stack.NewView(b, 5, b, x, self), movedOn, nil, nil, "not a coordinator", false},
+		{"its coordinator is not in the leader's view", b, leader, vb, lv, nil, nil, "not a coordinator", false},
+		{"left out by the leader itself", b, b, vb, stack.NewView(b, 6, b), nil, stack.NewView(b, 5, self, x), "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			fail, ignore := onMergeReq(self, tc.coord, tc.src, tc.v, tc.cur, id, t0)
+			sub, fail, ignore := onMergeReq(self, tc.coord, tc.src, tc.v, tc.lv, tc.cur, id, t0)
 			require.Equal(t, tc.fail, fail)
 			require.Equal(t, tc.ignore, ignore)
+			require.Equal(t, tc.sub, sub)
 		})
 	}
 }

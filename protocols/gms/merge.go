@@ -168,7 +168,7 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 		coord = g.coordLocked()
 	}
 	now := time.Now()
-	fail, ignore := onMergeReq(self, coord, src, v, g.merge, h.MergeID, now)
+	sub, fail, ignore := onMergeReq(self, coord, src, v, h.View, g.merge, h.MergeID, now)
 	if ignore {
 		g.mu.Unlock()
 		g.count.msgsIgnored.Add(1)
@@ -183,7 +183,7 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 		g.send(src, &Header{Type: typeMergeRsp, MergeID: h.MergeID, Fail: fail})
 		return
 	}
-	g.send(src, &Header{Type: typeMergeRsp, MergeID: h.MergeID, View: v, Digest: g.digest()})
+	g.send(src, &Header{Type: typeMergeRsp, MergeID: h.MergeID, View: sub, Digest: g.digest()})
 }
 
 // Stats reports GMS's counters.

@@ -35,7 +35,7 @@ func newMergeAsk(id MergeID, own mergeSub, coords []stack.Address, timeout time.
 	for _, c := range coords {
 		if !a.asked[c] {
 			a.asked[c] = true
-			out = append(out, sendMsg{to: c, h: &Header{Type: typeMergeReq, MergeID: id}})
+			out = append(out, sendMsg{to: c, h: &Header{Type: typeMergeReq, MergeID: id, View: own.view}})
 		}
 	}
 	a.n = len(a.asked)
@@ -68,7 +68,7 @@ func (a *mergeAsk) poll(now time.Time) (out []effect, over bool) {
 		return []effect{logLine{slog.LevelWarn, "merge: not every coordinator answered within merge_timeout", []any{"answered", len(a.subs) - 1, "asked", a.n}}}, true
 	case resend:
 		for _, c := range slices.SortedFunc(maps.Keys(a.asked), stack.Address.Compare) {
-			out = append(out, sendMsg{to: c, h: &Header{Type: typeMergeReq, MergeID: a.id}})
+			out = append(out, sendMsg{to: c, h: &Header{Type: typeMergeReq, MergeID: a.id, View: a.subs[0].view}})
 		}
 	}
 	return out, false

@@ -157,23 +157,45 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 
 // onMergeReq decides what coordinator candidate self (coord: the member
 // that coordinates its view v) answers to the MERGE_REQ of merge id from
-// src, while it takes part in merge cur (nil: none). ignore: a late copy of
-// the leader's earlier request (it asks again under a new id after its
-// flush, and only that answer counts). fail says why it refuses: it is not
-// a coordinator, it takes part in another leader's merge that has not
-// timed out, or src is in its view already. Otherwise it accepts.
-func onMergeReq(self, coord, src stack.Address, v *stack.View, cur *mergeState, id MergeID, now time.Time) (fail string, ignore bool) {
-	switch {
-	case v == nil || coord != self:
-		return "not a coordinator", false
-	case cur != nil && cur.id.Leader == id.Leader && id.N < cur.id.N:
-		return "", true
-	case cur != nil && cur.id.Leader != id.Leader && now.Before(cur.until):
-		return "busy with another merge", false
-	case v.Contains(src):
-		return "already in one view", false
+// src, whose view is leader, while it takes part in merge cur (nil: none).
+// ignore: a late copy of the leader's earlier request (it asks again under
+// a new id after its flush, and only that answer counts). fail says why it
+// refuses: it is not a coordinator, it takes part in another leader's
+// merge that has not timed out, or src is in its view already. Otherwise
+// it accepts, and sub is the subgroup it answers for: its view, or, when
+// its coordinator is in the leader's view (it moved on and left this
+// member out), what is left of its view, if self is the first of them.
+func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, cur *mergeState, id MergeID, now time.Time) (sub *stack.View, fail string, ignore bool) {
+	sub = v
+	if v != nil && coord != self {
+		sub = leftOut(v, leader)
 	}
-	return "", false
+	switch {
+	case sub == nil || sub.Coordinator() != self:
+		return nil, "not a coordinator", false
+	case cur != nil && cur.id.Leader == id.Leader && id.N < cur.id.N:
+		return nil, "", true
+	case cur != nil && cur.id.Leader != id.Leader && now.Before(cur.until):
+		return nil, "busy with another merge", false
+	case sub.Contains(src):
+		return nil, "already in one view", false
+	}
+	return sub, "", false
+}
+
+// leftOut returns what is left of view v without the members of view
+// leader, when v's coordinator is in leader (it went on without the rest,
+// who missed that), under v's id; nil otherwise. The first member left
+// answers a merge for all of them: nobody else coordinates them.
+func leftOut(v, leader *stack.View) *stack.View {
+	if !leader.Contains(v.Coordinator()) {
+		return nil
+	}
+	rest := slices.DeleteFunc(slices.Clone(v.Members), leader.Contains)
+	if len(rest) == 0 {
+		return nil
+	}
+	return stack.NewView(v.ID.Creator, v.ID.Seq, rest...)
 }
 
 // joinAction is what a joiner does with the outcome of one join attempt.

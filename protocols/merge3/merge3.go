@@ -203,6 +203,14 @@ func (m *Merge3) Check() {
 		return
 	}
 	coords := []stack.Address{self}
+	// Members outside this view whose view names a coordinator that is in
+	// this one: that coordinator moved on without them (a merge or view
+	// change left them out and they missed it), so nobody coordinates
+	// what is left of their view. They are asked directly: the first of
+	// them in their view's order answers for the rest (GMS, onMergeReq),
+	// as JGroups' MERGE3 sanitizes such views. They do not lead a merge:
+	// they run no check.
+	var orphans []stack.Address
 	var inc stack.EvViewInconsistent
 	for src, h := range heard {
 		if v.Contains(src) && h.ViewID != v.ID {
@@ -222,6 +230,10 @@ func (m *Merge3) Check() {
 		if c.IsZero() {
 			c = src
 		}
+		if !v.Contains(src) && v.Contains(c) && c != src {
+			orphans = append(orphans, src)
+			continue
+		}
 		if (!v.Contains(src) || !v.Contains(c)) && !slices.Contains(coords, c) {
 			coords = append(coords, c)
 		}
@@ -231,7 +243,7 @@ func (m *Merge3) Check() {
 		m.Log().Info("members of the view announce another view id", "behind", inc.Behind, "above", inc.Above, "view", v.ID)
 		_, _ = m.PassUpEvent(inc)
 	}
-	if len(coords) < 2 {
+	if len(coords)+len(orphans) < 2 {
 		return
 	}
 	for _, c := range coords[1:] {
@@ -239,9 +251,10 @@ func (m *Merge3) Check() {
 			return // that coordinator leads the merge
 		}
 	}
+	slices.SortFunc(orphans, stack.Address.Compare)
 	m.merges.Add(1)
-	m.Log().Info("other subgroups found; merging", "coordinators", coords)
-	_, _ = m.PassUpEvent(stack.EvMerge{Coords: coords})
+	m.Log().Info("other subgroups found; merging", "coordinators", coords, "left_out", orphans)
+	_, _ = m.PassUpEvent(stack.EvMerge{Coords: append(coords, orphans...)})
 }
 
 // handle takes an announcement. Where the transport knows where the
