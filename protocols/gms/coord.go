@@ -93,14 +93,20 @@ func (g *GMS) process(reqs []request) {
 	g.count.leavesHandled.Add(int64(len(p.leavers)))
 
 	if p.next != nil {
-		g.cast(p.next, p.joiners, p.leaving, p.stateJoiners)
+		g.cast(v, p.next, p.joiners, p.leaving, p.stateJoiners)
 	}
-	if len(p.rejoiners) > 0 {
+	// The view may be gone by now: this member left (a Disconnect whose
+	// context ended during the view change) or is joining again. Then it
+	// answers nobody; they ask again and find the coordinator.
+	g.mu.Lock()
+	cur := g.view
+	g.mu.Unlock()
+	if len(p.rejoiners) > 0 && cur != nil {
 		// Already members (the coordinator that took them in crashed before
 		// it answered): answer with the view they are in.
 		// A joiner whose answer was lost gets the digest of the view it
 		// joined in, not today's: it must deliver what was sent since.
-		cur, d := g.View(), g.digest()
+		d := g.digest()
 		for _, a := range p.rejoiners {
 			g.mu.Lock()
 			jd, ok := g.joinDigests[a]
@@ -123,13 +129,13 @@ func (g *GMS) process(reqs []request) {
 	}
 }
 
-// cast carries out the change to nv (castRun, cast.go, decides each
+// cast carries out the change from cur to nv (castRun, cast.go, decides each
 // step): the flush, the view installed here, multicast and answered to the
 // joiners, every member's acknowledgement, and the flush's stop. Graceful
 // leavers take part in the flush before the view that drops them; the
 // flush stops only when the state joiners have fetched the state.
-func (g *GMS) cast(nv *stack.View, joiners, leaving, stateJoiners []stack.Address) {
-	r := newCast(g.LocalAddress(), &g.count, g.cfg, g.View(), nv, joiners, leaving, stateJoiners)
+func (g *GMS) cast(cur, nv *stack.View, joiners, leaving, stateJoiners []stack.Address) {
+	r := newCast(g.LocalAddress(), &g.count, g.cfg, cur, nv, joiners, leaving, stateJoiners)
 	// With FLUSH above, the participants block and deliver the same
 	// messages before the view changes (without it the event reaches the
 	// channel, which ignores it).

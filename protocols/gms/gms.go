@@ -273,11 +273,20 @@ func (g *GMS) InstallView(ctx context.Context, v *stack.View) error {
 
 // install applies v (and the digest entries of senders new to this member)
 // unless it is not newer than the current view. It reports whether it did.
-func (g *GMS) install(v *stack.View, d stack.Digest) bool {
+func (g *GMS) install(v *stack.View, d stack.Digest) bool { return g.installFrom(v, d, false) }
+
+// installJoined installs v, the view of a join answer, whatever view this
+// member has; every member of d is new to it.
+func (g *GMS) installJoined(v *stack.View, d stack.Digest) { g.installFrom(v, d, true) }
+
+func (g *GMS) installFrom(v *stack.View, d stack.Digest, joined bool) bool {
 	g.installMu.Lock()
 	defer g.installMu.Unlock()
 	g.mu.Lock()
 	old := g.view
+	if joined {
+		old = nil
+	}
 	if old != nil && !newer(v, old) {
 		g.mu.Unlock()
 		g.count.viewsIgnored.Add(1)

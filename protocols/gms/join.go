@@ -87,10 +87,10 @@ func (g *GMS) join(ctx context.Context) error {
 				return ctx.Err()
 			}
 		case joinJoined:
-			g.mu.Lock()
-			g.view = nil
-			g.mu.Unlock()
-			g.install(rsp.View, rsp.Digest)
+			// Replaces whatever view this member has, in one step: a view
+			// set to nil first would be seen, for a moment, by the
+			// coordinator's handler and the other layers.
+			g.installJoined(rsp.View, rsp.Digest)
 			g.send(rsp.View.ID.Creator, &Header{Type: typeViewAck, ViewID: rsp.View.ID})
 			if rsp.View.ID.Creator != coord {
 				g.send(coord, &Header{Type: typeViewAck, ViewID: rsp.View.ID})

@@ -84,7 +84,16 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		for _, s := range subs[1:] {
 			answered = append(answered, s.view.Coordinator())
 		}
-		again, ok := g.collectMerge(ms, g.View(), answered)
+		own := g.View()
+		if own == nil {
+			// This member left during the flush: nothing to merge into.
+			g.count.mergesFailed.Add(1)
+			for _, c := range others {
+				g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
+			}
+			return
+		}
+		again, ok := g.collectMerge(ms, own, answered)
 		if !ok {
 			return
 		}

@@ -1,0 +1,5 @@
+package gms
+
+// JoinReq returns a JOIN_REQ header, for tests that send one from a member
+// already in the view (a joiner whose answer was lost asks again).
+func JoinReq() *Header { return &Header{Type: typeJoinReq} }
