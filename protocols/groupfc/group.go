@@ -79,6 +79,13 @@ type member struct {
 	// point it is dropped then, as always).
 	early   []earlyData
 	deleted bool
+	// rejoin: a JOIN that came while this incarnation was leaving; the
+	// member joined again (a merge brought it back, or it reconnected).
+	// The next incarnation starts with it once this one is gone.
+	rejoin *Header
+	// prev: the incarnation before this one, while it still delivers; this
+	// one's queue waits for it (its DOWN comes before this one's UP).
+	prev *member
 
 	// Sending side.
 	window     int // blocks we may still send to it
@@ -129,6 +136,9 @@ type group struct {
 	maxUnread int // blocks a sender may have unread here; beyond, its data is dropped (0: no bound)
 
 	members   map[stack.Address]*member
+	// retired: members removed while their ready queue still delivers; a
+	// next incarnation of the same address queues behind them (prev).
+	retired   map[stack.Address]*member
 	smallWin  []*member // receivers with window < advIdle, ascending
 	active    []*member // LRU, oldest first
 	pending   []*member // LRU, oldest first
@@ -152,7 +162,7 @@ type group struct {
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
 	return &group{self: self, instance: instance, loopback: loopback, events: events, maxActive: maxActive,
-		members: map[stack.Address]*member{}, bcSndNxt: 1}
+		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, bcSndNxt: 1}
 }
 
 // limits returns max_active and the reclaim limit.
@@ -279,9 +289,16 @@ func (g *group) decrActive(m *member) {
 
 // ---- membership
 
-// create adds a member in state st.
+// create adds a member in state st, after the incarnation of a that is
+// still delivering, if any.
 func (g *group) create(a stack.Address, st State) *member {
 	m := &member{addr: a, state: st}
+	if r := g.retired[a]; r != nil {
+		delete(g.retired, a)
+		if r.delivering || len(r.ready) > 0 {
+			m.prev = r
+		}
+	}
 	g.members[a] = m
 	return m
 }
@@ -289,6 +306,14 @@ func (g *group) create(a stack.Address, st State) *member {
 // published: a the peer appeared (it is in the view).
 func (g *group) published(a stack.Address) {
 	m := g.members[a]
+	if m != nil && m.state == Leaving {
+		// Back in the view while its earlier incarnation leaves (a merge
+		// brought back a member a view had left out): that incarnation
+		// ends now, DOWN after what it can still deliver, and a new one
+		// begins (with the JOIN it may have sent already: remove takes it).
+		g.lost(m)
+		m = g.members[a]
+	}
 	switch {
 	case m == nil:
 		m = g.create(a, Published)
@@ -374,17 +399,37 @@ func (g *group) queueEvent(m *member, up, graceful bool, seqno uint64) {
 // handleProto runs a group protocol message from src.
 func (g *group) handleProto(src stack.Address, h *Header) {
 	m := g.members[src]
+	if m != nil && (m.deleted || m.state == Leaving) && h.Type == typeJoin {
+		// Its next incarnation: kept until this one is gone.
+		m.rejoin = h
+		return
+	}
 	if m != nil && (m.deleted || m.state == Leaving) && h.Type != typeLeave {
 		return // from a member that is leaving or gone: never a state change
 	}
 	switch h.Type {
 	case typeJoin:
+		if m != nil && m.state != Joining && m.state != Published {
+			// A JOIN from a member joined here: a view of its left this
+			// member out and it has come back (a merge). Its earlier
+			// incarnation ended there, with what it had not yet sent
+			// here; it ends here too (DOWN after what it can still
+			// deliver), and a new one begins: in the view, so JOINED
+			// once this member's JOIN goes.
+			g.toLeaving(m)
+			g.lost(m)
+			m = g.create(src, Published)
+			g.updateMember(m, 0)
+			g.send(m, typeJoin)
+		}
 		if m == nil {
 			m = g.create(src, Joining)
 		}
 		m.instance = h.Instance
 		m.bcSyncpt = h.Seqno
 		m.bcRcvNxt = h.Seqno
+		// Added, not set: an ADV sent after the JOIN may be handled first
+		// (INTERNAL messages run on parallel workers).
 		m.window += int(h.N)
 		// Unconditionally re-sorted (fix 2: a JOIN with a full window must
 		// take the member off the small-window list).
@@ -562,21 +607,48 @@ func (g *group) filter(m *member) {
 	}
 }
 
-// remove deletes m once its DOWN has left the deferred queue.
+// remove deletes m once its DOWN has left the deferred queue; what is
+// queued behind the DOWN goes with it. A JOIN of its next incarnation that
+// came meanwhile is taken now.
 func (g *group) remove(m *member) {
+	for _, it := range m.deferred {
+		if it.m != nil {
+			g.unreadBytes -= int64(len(it.m.Payload))
+		}
+	}
 	m.deferred = nil
-	m.deleted = true
-	if m.ackPending {
-		m.ackPending = false
-		g.bcAckers--
-	}
-	g.unlinkList(m)
-	g.unlinkSmall(m)
 	if m.state != Leaving {
-		g.decrActive(m)
+		g.toLeaving(m) // not awaited for acks, off every list
 	}
+	m.deleted = true
 	delete(g.members, m.addr)
+	if m.delivering || len(m.ready) > 0 {
+		g.retired[m.addr] = m
+	}
 	g.wake = true
+	if j := m.rejoin; j != nil {
+		m.rejoin = nil
+		g.handleProto(m.addr, j)
+	}
+}
+
+// delivered is called when m's ready queue is empty and nobody delivers
+// it: a retired m is forgotten, and the incarnation after it may deliver.
+func (g *group) delivered(m *member) (next *member) {
+	if g.retired[m.addr] == m {
+		delete(g.retired, m.addr)
+	}
+	if n := g.members[m.addr]; n != nil && n.prev == m {
+		n.prev = nil
+		return n
+	}
+	return nil
+}
+
+// mayDeliver reports whether m's ready queue may be delivered now: not
+// while the incarnation before it still delivers.
+func (m *member) mayDeliver() bool {
+	return m.prev == nil || !m.prev.delivering && len(m.prev.ready) == 0
 }
 
 // read is the application taking a message of size bytes from m (spec

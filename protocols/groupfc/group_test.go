@@ -40,12 +40,12 @@ type harness struct {
 	byNm  map[string]stack.Address
 	uni   map[[2]stack.Address][]pkt
 	mc    map[[2]stack.Address][]pkt
-	prev  map[stack.Address]map[stack.Address]State
+	prev  map[stack.Address]map[*member]State
 }
 
 func newHarness(t *testing.T, maxActive int, names ...string) *harness {
 	h := &harness{t: t, nodes: map[stack.Address]*hnode{}, byNm: map[string]stack.Address{},
-		uni: map[[2]stack.Address][]pkt{}, mc: map[[2]stack.Address][]pkt{}, prev: map[stack.Address]map[stack.Address]State{}}
+		uni: map[[2]stack.Address][]pkt{}, mc: map[[2]stack.Address][]pkt{}, prev: map[stack.Address]map[*member]State{}}
 	for i, n := range names {
 		a := stack.NewAddress()
 		g := newGroup(a, uint64(i+1), false, true, maxActive)
@@ -223,20 +223,21 @@ func (h *harness) check() {
 	h.t.Helper()
 	for a, nd := range h.nodes {
 		checkGroup(h.t, nd.g)
+		// Per incarnation: a member that joins again is a new one.
 		prev := h.prev[a]
 		if prev == nil {
-			prev = map[stack.Address]State{}
+			prev = map[*member]State{}
 			h.prev[a] = prev
 		}
 		for ma, m := range nd.g.members {
-			if prev[ma] == Leaving {
+			if prev[m] == Leaving {
 				require.Equal(h.t, Leaving, m.state, "%s: LEAVING member %s changed state", nd.name, h.name(ma))
 			}
-			prev[ma] = m.state
+			prev[m] = m.state
 		}
-		for ma := range prev {
-			if nd.g.members[ma] == nil {
-				delete(prev, ma)
+		for m := range prev {
+			if nd.g.members[m.addr] != m {
+				delete(prev, m)
 			}
 		}
 	}
@@ -848,4 +849,68 @@ func TestSenderIgnoringTheWindowsIsDroppedBeyondMaxUnread(t *testing.T) {
 	require.LessOrEqual(t, h.m("A", "B").unread, a.maxUnread, "unread blocks stay within the bound")
 	require.Equal(t, 2*advActive/blocks(1000), accepted)
 	require.LessOrEqual(t, a.unreadBytes, int64(a.maxUnread*blockSize))
+}
+
+// Members left out of each other's views (two subgroups at a cold start)
+// and merged back: each side's earlier incarnation of the other ends with
+// DOWN, after what it could still deliver, and a new one comes UP; a JOIN
+// that arrives while the earlier incarnation is still LEAVING is kept for
+// the next one. (Before, the JOIN was dropped as coming from a leaving
+// member and the view's publish ignored a LEAVING member: the pair stayed
+// PUBLISHED and LEAVING for ever, and a unicast failed with "no such
+// member".)
+func TestMembersMergedBackAreDownThenUpAgain(t *testing.T) {
+	h := newHarness(t, 0, "B", "C")
+	joinAll(h, "B", "C")
+	require.True(t, h.ucast("C", "B", 10))
+	h.settle()
+	h.n("B").got = nil
+	// Two subgroups: each view leaves the other out; no LEAVE comes.
+	h.n("B").g.withdrawn(h.a("C"), false)
+	h.after("B")
+	h.n("C").g.withdrawn(h.a("B"), false)
+	h.after("C")
+	require.Equal(t, Leaving, h.m("B", "C").state)
+	// The merge view reaches C first: its JOIN reaches B while B still
+	// has C LEAVING.
+	h.n("C").g.published(h.a("B"))
+	h.after("C")
+	require.True(t, h.step("C", "B", false))
+	require.Equal(t, Leaving, h.m("B", "C").state, "the JOIN waits for the merge view at B")
+	h.n("B").g.published(h.a("C"))
+	h.after("B")
+	h.settle()
+	require.Equal(t, Joined, h.m("B", "C").state)
+	require.Equal(t, Joined, h.m("C", "B").state)
+	require.Equal(t, []string{"DOWN(C,lost)", "UP(C)"}, h.n("B").got)
+	require.Equal(t, []string{"DOWN(B,lost)", "UP(B)"}, h.n("C").got)
+	require.True(t, h.ucast("B", "C", 10), "B may send to C again")
+	require.True(t, h.bcast("C", 10))
+	h.settle()
+	require.Equal(t, []string{"DOWN(C,lost)", "UP(C)", "C:bcast1"}, h.n("B").got)
+	require.Equal(t, []string{"DOWN(B,lost)", "UP(B)", "B:ucast1"}, h.n("C").got)
+}
+
+// Only one side's view left the other out and brought it back: its JOIN
+// reaches a member that still has it JOINED. That is its next incarnation:
+// DOWN, then UP, and a JOIN back; the windows start afresh, not added to
+// the old ones. (Before, the JOIN only grew the window: B saw A JOINED with
+// an ever larger window, and A saw B PUBLISHED for ever.)
+func TestJoinFromAJoinedMemberStartsItsNextIncarnation(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	h.n("A").g.withdrawn(h.a("B"), false)
+	h.after("A")
+	h.n("A").g.published(h.a("B"))
+	h.after("A")
+	h.settle()
+	require.Equal(t, Joined, h.m("A", "B").state)
+	require.Equal(t, Joined, h.m("B", "A").state)
+	require.Equal(t, advIdle, h.m("B", "A").window, "the window of the new incarnation only")
+	require.Equal(t, advIdle, h.m("A", "B").window)
+	require.Equal(t, []string{"DOWN(B,lost)", "UP(B)"}, h.n("A").got)
+	require.Equal(t, []string{"DOWN(A,lost)", "UP(A)"}, h.n("B").got)
+	require.True(t, h.bcast("A", 10))
+	h.settle()
+	require.Equal(t, []string{"DOWN(A,lost)", "UP(A)", "A:bcast1"}, h.n("B").got)
 }

@@ -287,7 +287,7 @@ func (p *GroupFC) afterLocked() {
 	p.g.nready = nil
 	var start []*member
 	for _, m := range ready {
-		if !m.delivering && len(m.ready) > 0 {
+		if !m.delivering && len(m.ready) > 0 && m.mayDeliver() {
 			m.delivering = true
 			start = append(start, m)
 		}
@@ -306,6 +306,7 @@ func (p *GroupFC) afterLocked() {
 // the "read").
 func (p *GroupFC) drain(m *member) {
 	p.mu.Lock()
+again:
 	for len(m.ready) > 0 {
 		it := m.ready[0]
 		m.ready = m.ready[1:]
@@ -341,6 +342,15 @@ func (p *GroupFC) drain(m *member) {
 		}
 	}
 	m.delivering = false
+	if p.g != nil {
+		// The next incarnation of the same member, if it waited for
+		// this one (its UP after this one's DOWN), goes on here.
+		if n := p.g.delivered(m); n != nil && !n.delivering && len(n.ready) > 0 {
+			n.delivering = true
+			m = n
+			goto again
+		}
+	}
 	p.mu.Unlock()
 }
 

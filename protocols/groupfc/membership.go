@@ -152,7 +152,10 @@ func (p *GroupFC) viewChange(v *stack.View) {
 	}
 	var gone []*member
 	for a, m := range g.members {
-		if a != self && !v.Contains(a) {
+		// A JOINING member was never in a view here (its JOIN came
+		// first): it is waited for, not withdrawn, or its JOIN would be
+		// lost when the view that has it comes.
+		if a != self && !v.Contains(a) && m.state != Joining {
 			g.withdrawn(a, p.downs[a])
 			delete(p.downs, a)
 			if !m.deleted {
