@@ -135,7 +135,7 @@ type group struct {
 	maxActive int // 0: TIPC's formula
 	maxUnread int // blocks a sender may have unread here; beyond, its data is dropped (0: no bound)
 
-	members   map[stack.Address]*member
+	members map[stack.Address]*member
 	// retired: members removed while their ready queue still delivers; a
 	// next incarnation of the same address queues behind them (prev).
 	retired   map[stack.Address]*member
