@@ -21,6 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/strata-go/strata/protocols/groupfc"
+	"github.com/strata-go/strata/rpc"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -45,8 +46,7 @@ type perfOptions struct {
 // Message kinds in the first byte of a perf payload.
 const (
 	kindData byte = 1
-	kindReq  byte = 2
-	kindRsp  byte = 3
+	kindRsp  byte = 3         // an rpc answer (-mode rpc)
 	kindGo   byte = 4         // -join: the first member starts the run
 	kindAck  byte = 5         // -join: a receiver tells a sender how many it has (seqno field)
 	kindDone byte = 6         // -join: a member has everything it expects
@@ -64,7 +64,7 @@ type perfMember struct {
 	count atomic.Int64
 	errs  []string
 	wake  chan struct{}
-	rsp   chan uint64 // rpc answers to this member's requests
+	d     *rpc.Dispatcher // -mode rpc
 	first time.Time
 	last  time.Time
 	oob   bool
@@ -86,19 +86,6 @@ func (pm *perfMember) Receive(m *stack.Message) {
 	sender := int(binary.BigEndian.Uint32(p[1:]))
 	seq := binary.BigEndian.Uint64(p[5:])
 	switch p[0] {
-	case kindReq:
-		rsp := make([]byte, perfHdr)
-		rsp[0] = kindRsp
-		binary.BigEndian.PutUint32(rsp[1:], uint32(pm.idx))
-		binary.BigEndian.PutUint64(rsp[5:], seq)
-		_ = pm.ch.Send(context.Background(), stack.NewMessage(m.Src, rsp))
-		return
-	case kindRsp:
-		select {
-		case pm.rsp <- seq:
-		default:
-		}
-		return
 	case kindGo:
 		pm.mu.Lock()
 		if pm.start != nil {
@@ -155,6 +142,39 @@ func control(kind byte, idx int, seq uint64) []byte {
 	return b
 }
 
+// answer is -mode rpc's handler: it answers a request with the request's
+// sender index and seqno.
+func (pm *perfMember) answer(_ context.Context, req *stack.Message) ([]byte, error) {
+	p := req.Payload
+	if len(p) < perfHdr {
+		return nil, fmt.Errorf("request of %d bytes", len(p))
+	}
+	return control(kindRsp, pm.idx, binary.BigEndian.Uint64(p[5:])), nil
+}
+
+// attachRPC puts an rpc Dispatcher on pm's channel (-mode rpc), with pm as
+// the receiver of everything else.
+func (pm *perfMember) attachRPC(o perfOptions) error {
+	if o.mode != "rpc" {
+		return nil
+	}
+	d, err := rpc.New(pm.ch, pm.answer, rpc.WithReceiver(pm))
+	pm.d = d
+	return err
+}
+
+// call makes one synchronous rpc and checks the answer.
+func (pm *perfMember) call(ctx context.Context, to stack.Address, payload []byte, seq uint64) error {
+	rsp, err := pm.d.Call(ctx, to, payload)
+	if err != nil {
+		return fmt.Errorf("rpc %d: %w", seq, err)
+	}
+	if len(rsp) < perfHdr || rsp[0] != kindRsp || binary.BigEndian.Uint64(rsp[5:]) != seq {
+		return fmt.Errorf("rpc %d: wrong answer %x", seq, rsp)
+	}
+	return nil
+}
+
 func (pm *perfMember) gotFrom(sender int) int64 {
 	pm.mu.Lock()
 	defer pm.mu.Unlock()
@@ -175,6 +195,7 @@ type perfResult struct {
 	MsgsPerS  float64          `json:"total_msgs_per_sec"`
 	MBPerS    float64          `json:"total_mb_per_sec"`
 	Latency   *latency         `json:"rpc_latency_us,omitempty"`
+	CallsPerS float64          `json:"rpc_calls_per_sec,omitempty"`
 	Stats     map[string]int64 `json:"stats"`
 	Errors    []string         `json:"errors,omitempty"`
 }
@@ -338,7 +359,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for i := range ms {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
-		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1), oob: o.oob || o.mode == "anycast"}
+		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
 		ch, err := stack.New(stack.FromConfig(sc), stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
 		if err != nil {
 			return nil, err
@@ -346,6 +367,12 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		defer ch.Close()
 		pm.ch = ch
 		ms[i] = pm
+		if err := pm.attachRPC(o); err != nil {
+			return nil, err
+		}
+		if pm.d != nil {
+			defer pm.d.Close()
+		}
 	}
 	if _, err := groupfc.Of(ms[0].ch); o.mode == "anycast" && err != nil {
 		return nil, fmt.Errorf("-mode anycast: %w", err)
@@ -399,6 +426,9 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		res.PerMember = append(res.PerMember, mr)
 		res.TotalMsgs += n
 	}
+	if o.mode == "rpc" {
+		res.CallsPerS = float64(o.senders*o.count) / el.Seconds()
+	}
 	res.MsgsPerS = float64(res.TotalMsgs) / el.Seconds()
 	res.MBPerS = float64(res.TotalMsgs) * float64(o.size) / el.Seconds() / 1e6
 	res.Errors = append(res.Errors, checkCounts(o, ms)...)
@@ -406,7 +436,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		for _, ps := range pm.ch.Stats() {
 			for _, s := range ps.Stats {
 				switch s.Name {
-				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full":
+				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full", "late_responses":
 					res.Stats[ps.Protocol+"."+s.Name] += s.Value
 				}
 			}
@@ -523,22 +553,11 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, sent *
 		binary.BigEndian.PutUint64(buf[5:], uint64(s))
 		switch o.mode {
 		case "rpc":
-			buf[0] = kindReq
+			buf[0] = kindData
 			to := ms[(i+1+rand.IntN(len(ms)-1))%len(ms)].ch.Address()
 			t0 := time.Now()
-			if err := me.ch.Send(ctx, stack.NewMessage(to, slices.Clone(buf[:perfHdr]))); err != nil {
+			if err := me.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
 				return err
-			}
-			for {
-				select {
-				case got := <-me.rsp:
-					if got != uint64(s) {
-						continue // a late answer to an earlier request
-					}
-				case <-ctx.Done():
-					return fmt.Errorf("rpc %d: no answer: %w", s, ctx.Err())
-				}
-				break
 			}
 			lmu.Lock()
 			*lats = append(*lats, time.Since(t0))
@@ -621,7 +640,7 @@ func printPerf(w io.Writer, r *perfResult) {
 	}
 	fmt.Fprintf(w, "  total: %d msgs received, %.0f msgs/s, %.1f MB/s\n", r.TotalMsgs, r.MsgsPerS, r.MBPerS)
 	if l := r.Latency; l != nil {
-		fmt.Fprintf(w, "  rpc latency µs: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", l.P50, l.P90, l.P99, l.Max)
+		fmt.Fprintf(w, "  rpc: %.0f calls/s; latency µs: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", r.CallsPerS, l.P50, l.P90, l.P99, l.Max)
 	}
 	keys := make([]string, 0, len(r.Stats))
 	for k := range r.Stats {

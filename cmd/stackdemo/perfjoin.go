@@ -37,7 +37,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		name = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	start := make(chan struct{})
-	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), rsp: make(chan uint64, 1),
+	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1),
 		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
 	pm.mu.Lock() // until this member knows its index
 	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))
@@ -47,6 +47,13 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	}
 	defer ch.Close()
 	pm.ch = ch
+	if err := pm.attachRPC(o); err != nil {
+		pm.mu.Unlock()
+		return nil, err
+	}
+	if pm.d != nil {
+		defer pm.d.Close()
+	}
 	if err := ch.Connect(ctx, o.cluster); err != nil {
 		pm.mu.Unlock()
 		return nil, err
@@ -129,6 +136,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Seconds: el.Seconds(), Stats: map[string]int64{}}
 	if o.mode == "rpc" {
 		res.Latency = percentiles(lats)
+		res.CallsPerS = float64(len(lats)) / el.Seconds()
 	}
 	if sendErr != nil {
 		res.Errors = append(res.Errors, sendErr.Error())
@@ -187,19 +195,11 @@ func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []st
 	for s := range o.count {
 		binary.BigEndian.PutUint64(buf[5:], uint64(s))
 		if o.mode == "rpc" {
-			buf[0] = kindReq
+			buf[0] = kindData
 			to := members[(pm.idx+1+rand.IntN(len(members)-1))%len(members)]
 			t0 := time.Now()
-			if err := pm.ch.Send(ctx, stack.NewMessage(to, slices.Clone(buf[:perfHdr]))); err != nil {
+			if err := pm.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
 				return err
-			}
-			for done := false; !done; {
-				select {
-				case got := <-pm.rsp:
-					done = got == uint64(s)
-				case <-ctx.Done():
-					return fmt.Errorf("rpc %d: no answer: %w", s, ctx.Err())
-				}
 			}
 			*lats = append(*lats, time.Since(t0))
 			continue
