@@ -106,3 +106,26 @@ func TestPerfJoinAcrossProcesses(t *testing.T) {
 		})
 	}
 }
+
+// TestPerfRpcOnEveryShippedConfig: -mode rpc (package rpc's Call) works on
+// every shipped stack, GROUPFC's (requests and answers through its
+// windows) and secure.toml's (ENCRYPT and AUTH) included.
+func TestPerfRpcOnEveryShippedConfig(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "configs", "*.toml"))
+	require.NoError(t, err)
+	require.Len(t, files, 6)
+	t.Setenv("STRATA_ENCRYPT_KEY", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff")
+	t.Setenv("STRATA_AUTH_SECRET", "rpc-test-secret-of-32-bytes-long")
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			code, out, errOut := runCmd("perf", "-config", f, "-members", "3", "-mode", "rpc", "-size", "64", "-count", "300", "-json", "-timeout", "2m")
+			require.Equal(t, 0, code, errOut)
+			var r perfResult
+			require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+			require.Empty(t, r.Errors)
+			require.NotNil(t, r.Latency)
+			require.Positive(t, r.CallsPerS)
+			require.Zero(t, r.Stats["RPC.late_responses"], "each call got its one answer")
+		})
+	}
+}
