@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/rpc"
 	"github.com/strata-go/strata/stack"
@@ -32,7 +33,12 @@ type node struct {
 // view), and returns them in view order. Call it inside a synctest bubble.
 func startGroup(t *testing.T, seed uint64, n int, h func(i int, self *node) rpc.Handler) (*grouptest.Lab, []*node) {
 	t.Helper()
-	l := grouptest.New(t, seed)
+	return startLab(t, grouptest.New(t, seed), n, h)
+}
+
+// startLab is startGroup on a lab set up by the caller (layers on top).
+func startLab(t *testing.T, l *grouptest.Lab, n int, h func(i int, self *node) rpc.Handler) (*grouptest.Lab, []*node) {
+	t.Helper()
 	ns := make([]*node, n)
 	// The handler learns its index once the view is known.
 	idx := make([]atomic.Int32, n)
@@ -634,5 +640,39 @@ func FuzzHeader(f *testing.F) {
 		again, err := stack.DecodeHeader(stack.IDRPC, enc)
 		require.NoError(t, err)
 		require.Equal(t, h, again)
+	})
+}
+
+// TestThroughGroupFC: with GROUPFC in the stack, requests and answers go
+// through its windows (Channel.Send, which GROUPFC takes as its unicast or
+// broadcast); Call, Cast to all (a broadcast) and to some (unicasts) work.
+func TestThroughGroupFC(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		l.Top = func(int) []stack.Protocol { return []stack.Protocol{groupfc.New(groupfc.DefaultConfig())} }
+		_, ns := startLab(t, l, 3, echo)
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, n := range ns {
+				g, err := groupfc.Of(n.Ch)
+				if err != nil || len(g.Members()) < 2 {
+					return false
+				}
+			}
+			return true
+		}, "GROUPFC knows the others")
+		for i, n := range ns {
+			rsp, err := n.d.Call(t.Context(), ns[(i+1)%3].Addr(), []byte("x"))
+			require.NoError(t, err)
+			require.Equal(t, fmt.Sprintf("%d:x", (i+1)%3), string(rsp))
+			rsps, err := n.d.Cast(t.Context(), nil, []byte("y"))
+			require.NoError(t, err)
+			require.Len(t, rsps.Received(), 3)
+			rsps, err = n.d.Cast(t.Context(), []stack.Address{ns[(i+1)%3].Addr(), ns[(i+2)%3].Addr()}, []byte("z"), rpc.OOB())
+			require.NoError(t, err)
+			require.Len(t, rsps.Received(), 2)
+		}
+		for _, n := range ns {
+			require.Zero(t, n.d.Stats().LateResponses)
+		}
 	})
 }
