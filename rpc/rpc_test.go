@@ -676,3 +676,56 @@ func TestThroughGroupFC(t *testing.T) {
 		}
 	})
 }
+
+// TestRegularRequestsInOrderOOBConcurrently: one sender's regular requests
+// are handled in the order sent, even when their handlers take varying
+// time; OOB requests' handlers run at the same time (five of them wait
+// for one another, which only works if all five run at once).
+func TestRegularRequestsInOrderOOBConcurrently(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var order []int
+		var inside atomic.Int32
+		all := make(chan struct{})
+		_, ns := startGroup(t, 1, 2, func(i int, _ *node) rpc.Handler {
+			return func(ctx context.Context, req *stack.Message) ([]byte, error) {
+				var k int
+				if _, err := fmt.Sscanf(string(req.Payload), "r%d", &k); err == nil {
+					time.Sleep(time.Duration(k%3) * time.Millisecond)
+					mu.Lock()
+					order = append(order, k)
+					mu.Unlock()
+					return nil, nil
+				}
+				if inside.Add(1) == 5 {
+					close(all)
+				}
+				select {
+				case <-all:
+					return []byte("together"), nil
+				case <-time.After(time.Minute):
+					return nil, errors.New("alone")
+				}
+			}
+		})
+		var fs []*rpc.Future[[]byte]
+		for k := range 100 {
+			fs = append(fs, ns[0].d.CallAsync(t.Context(), ns[1].Addr(), fmt.Appendf(nil, "r%d", k)))
+		}
+		for _, f := range fs {
+			_, err := f.Wait(t.Context())
+			require.NoError(t, err)
+		}
+		require.True(t, slices.IsSorted(order), "handled in the order sent: %v", order)
+		require.Len(t, order, 100)
+		var oob []*rpc.Future[[]byte]
+		for range 5 {
+			oob = append(oob, ns[0].d.CallAsync(t.Context(), ns[1].Addr(), []byte("o"), rpc.OOB()))
+		}
+		for _, f := range oob {
+			v, err := f.Wait(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, "together", string(v))
+		}
+	})
+}
