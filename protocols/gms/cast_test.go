@@ -171,7 +171,7 @@ func TestMergeAsk(t *testing.T) {
 // on without the member) answers for what is left of its view when it is
 // the first of them.
 func TestOnMergeReq(t *testing.T) {
-	self, b, leader, other, x := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	self, b, leader, other, x, gone := stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
 	t0 := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 	v := stack.NewView(self, 4, self, b)
 	lv := stack.NewView(leader, 9, leader)
@@ -199,11 +199,13 @@ func TestOnMergeReq(t *testing.T) {
 		{"left out by its coordinator, first of the rest", b, leader, vb, movedOn, nil, stack.NewView(b, 5, self, x), "", false},
 		{"left out by its coordinator, not first of the rest", b, leader, stack.NewView(b, 5, b, x, self), movedOn, nil, nil, "not a coordinator", false},
 		{"its coordinator is not in the leader's view", b, leader, vb, lv, nil, nil, "not a coordinator", false},
+		{"its coordinator crashed, the rest left out", gone, leader, stack.NewView(gone, 5, gone, self, x), movedOn, nil, stack.NewView(gone, 5, self, x), "", false},
+		{"its coordinator crashed, not first of the rest", gone, leader, stack.NewView(gone, 5, gone, x, self), lv, nil, nil, "not a coordinator", false},
 		{"left out by the leader itself", b, b, vb, stack.NewView(b, 6, b), nil, stack.NewView(b, 5, self, x), "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sub, fail, ignore := onMergeReq(self, tc.coord, tc.src, tc.v, tc.lv, tc.cur, id, t0)
+			sub, fail, ignore := onMergeReq(self, tc.coord, tc.src, tc.v, tc.lv, func(a stack.Address) bool { return a == gone }, tc.cur, id, t0)
 			require.Equal(t, tc.fail, fail)
 			require.Equal(t, tc.ignore, ignore)
 			require.Equal(t, tc.sub, sub)

@@ -505,3 +505,25 @@ func TestCoordinatorThatLeavesDuringAViewChangeAnswersNoRejoiner(t *testing.T) {
 		require.Zero(t, answers.Load(), "a coordinator that left answers no join request")
 	})
 }
+
+// TestMemberLeftOutByACoordinatorThatCrashedMergesBack: the coordinator
+// crashes right after two members went on to a view without the last one,
+// which never learned of it. That member suspects its coordinator, and the
+// next in its view is in the other view: nobody coordinates it. The other
+// view's MERGE3 hears it name a coordinator it has not heard from and asks
+// it directly; it answers for what is left of its view (itself).
+func TestMemberLeftOutByACoordinatorThatCrashedMergesBack(t *testing.T) {
+	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
+		l := grouptest.New(t, seed)
+		ms := l.Start(4)
+		old := ms[0].Ch.View()
+		nv := stack.NewView(old.Members[1], old.ID.Seq+1, old.Members[1], old.Members[2])
+		for _, m := range ms[1:3] {
+			require.NoError(t, m.GMS.InstallView(t.Context(), nv))
+		}
+		l.Net.Cut(ms[0].Addr())
+		rest := ms[1:]
+		stacktest.WaitFor(t, 3*grouptest.MergeCheck+grouptest.MergeMax+2*time.Minute, func() bool { return grouptest.SameView(rest...) }, "one view of the three that live")
+		grouptest.CheckViewHistories(t, rest)
+	})
+}

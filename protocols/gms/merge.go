@@ -177,7 +177,8 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 		coord = g.coordLocked()
 	}
 	now := time.Now()
-	sub, fail, ignore := onMergeReq(self, coord, src, v, h.View, g.merge, h.MergeID, now)
+	suspected := func(a stack.Address) bool { return g.suspects[a] } // under g.mu
+	sub, fail, ignore := onMergeReq(self, coord, src, v, h.View, suspected, g.merge, h.MergeID, now)
 	if ignore {
 		g.mu.Unlock()
 		g.count.msgsIgnored.Add(1)

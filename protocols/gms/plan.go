@@ -156,19 +156,24 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 }
 
 // onMergeReq decides what coordinator candidate self (coord: the member
-// that coordinates its view v) answers to the MERGE_REQ of merge id from
-// src, whose view is leader, while it takes part in merge cur (nil: none).
-// ignore: a late copy of the leader's earlier request (it asks again under
-// a new id after its flush, and only that answer counts). fail says why it
-// refuses: it is not a coordinator, it takes part in another leader's
-// merge that has not timed out, or src is in its view already. Otherwise
-// it accepts, and sub is the subgroup it answers for: its view, or, when
-// its coordinator is in the leader's view (it moved on and left this
-// member out), what is left of its view, if self is the first of them.
-func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, cur *mergeState, id MergeID, now time.Time) (sub *stack.View, fail string, ignore bool) {
+// that coordinates its view v; suspected: the members it suspects)
+// answers to the MERGE_REQ of merge id from src, whose view is leader,
+// while it takes part in merge cur (nil: none). ignore: a late copy of the
+// leader's earlier request (it asks again under a new id after its flush,
+// and only that answer counts). fail says why it refuses: it is not a
+// coordinator, it takes part in another leader's merge that has not timed
+// out, or src is in its view already. Otherwise it accepts, and sub is the
+// subgroup it answers for: its view, or, when its coordinator is in the
+// leader's view (it went on without self) or suspected (it crashed or
+// left), what is left of v without the leader's members and the
+// suspected, if self is the first of them: nobody else coordinates them.
+func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, suspected func(stack.Address) bool, cur *mergeState, id MergeID, now time.Time) (sub *stack.View, fail string, ignore bool) {
 	sub = v
 	if v != nil && coord != self {
-		sub = leftOut(v, leader)
+		sub = nil
+		if leader.Contains(coord) || coord.IsZero() || suspected != nil && suspected(coord) {
+			sub = leftOut(v, leader, suspected)
+		}
 	}
 	switch {
 	case sub == nil || sub.Coordinator() != self:
@@ -184,14 +189,13 @@ func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, cur *merg
 }
 
 // leftOut returns what is left of view v without the members of view
-// leader, when v's coordinator is in leader (it went on without the rest,
-// who missed that), under v's id; nil otherwise. The first member left
-// answers a merge for all of them: nobody else coordinates them.
-func leftOut(v, leader *stack.View) *stack.View {
-	if !leader.Contains(v.Coordinator()) {
-		return nil
-	}
-	rest := slices.DeleteFunc(slices.Clone(v.Members), leader.Contains)
+// leader and those suspected, under v's id (nil if nothing is). Its first
+// member answers a merge for all of them: if the coordinator of v is
+// among them, it is that coordinator.
+func leftOut(v, leader *stack.View, suspected func(stack.Address) bool) *stack.View {
+	rest := slices.DeleteFunc(slices.Clone(v.Members), func(a stack.Address) bool {
+		return leader.Contains(a) || suspected != nil && suspected(a)
+	})
 	if len(rest) == 0 {
 		return nil
 	}

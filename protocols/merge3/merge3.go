@@ -204,12 +204,13 @@ func (m *Merge3) Check() {
 	}
 	coords := []stack.Address{self}
 	// Members outside this view whose view names a coordinator that is in
-	// this one: that coordinator moved on without them (a merge or view
-	// change left them out and they missed it), so nobody coordinates
-	// what is left of their view. They are asked directly: the first of
-	// them in their view's order answers for the rest (GMS, onMergeReq),
-	// as JGroups' MERGE3 sanitizes such views. They do not lead a merge:
-	// they run no check.
+	// this one (it moved on without them: a merge or view change left them
+	// out and they missed it) or that was not heard since the last check
+	// (it crashed or left): nobody may coordinate what is left of their
+	// view. They are asked directly: the first of them in their view's
+	// order that it does not suspect answers for the rest (GMS,
+	// onMergeReq), as JGroups' MERGE3 sanitizes views. They do not lead a
+	// merge: they run no check.
 	var orphans []stack.Address
 	var inc stack.EvViewInconsistent
 	for src, h := range heard {
@@ -230,7 +231,7 @@ func (m *Merge3) Check() {
 		if c.IsZero() {
 			c = src
 		}
-		if !v.Contains(src) && v.Contains(c) && c != src {
+		if !v.Contains(src) && c != src && (v.Contains(c) || heard[c] == nil) {
 			orphans = append(orphans, src)
 			continue
 		}
