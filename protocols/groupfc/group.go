@@ -215,7 +215,11 @@ func fullyAdvertised(m *member) bool {
 	case Active:
 		return m.advertised >= advActive
 	}
-	return false
+	// PUBLISHED (no JOIN yet), RECLAIMING, REMITTED, LEAVING: nothing is
+	// advertised in these states. (An ADV of 0 to a member that is
+	// PUBLISHED here, and blocked on this one, came straight back as
+	// another nudge: two such members nudged each other without end.)
+	return true
 }
 
 // ---- lists

@@ -914,3 +914,19 @@ func TestJoinFromAJoinedMemberStartsItsNextIncarnation(t *testing.T) {
 	h.settle()
 	require.Equal(t, []string{"DOWN(A,lost)", "UP(A)", "A:bcast1"}, h.n("B").got)
 }
+
+// Two members that are PUBLISHED for each other (their JOINs are on the
+// way) and both want to broadcast do not nudge each other with ADVs: an
+// ADV of nothing only woke the other's sender, which nudged back, without
+// end and in no time (a merge left pairs of members PUBLISHED while their
+// JOINs were retransmitted; the chaos suite's virtual clock stood still).
+func TestPublishedMembersDoNotNudgeEachOther(t *testing.T) {
+	h := newHarness(t, 0, "X", "Y")
+	h.publish("X", "Y")
+	require.Equal(t, Published, h.m("X", "Y").state)
+	require.False(t, h.bcast("X", 10), "blocked until Y's JOIN")
+	require.False(t, h.ucast("X", "Y", 10), "blocked until Y's JOIN")
+	require.Len(t, h.uni[[2]stack.Address{h.a("X"), h.a("Y")}], 1, "only the JOIN goes to Y: %v", h.uni[[2]stack.Address{h.a("X"), h.a("Y")}])
+	h.settle()
+	require.True(t, h.bcast("X", 10), "Y's JOIN opened the window")
+}
