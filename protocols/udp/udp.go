@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 
+	"github.com/strata-go/strata/internal/transport"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -47,18 +48,16 @@ type UDP struct {
 	mpc   *ipv4.PacketConn
 	local netip.AddrPort
 
-	cache         *addrCache
+	cache         *transport.AddrCache
 	authenticated bool // the stack has a SourceAuthenticator: learn only what it proved
-	queue         *sendQueue
-	bufPool       sync.Pool
+	queue         *transport.SendQueue
+	bufs          *transport.BufPool
 	sndPool       sync.Pool
+	bc            transport.BundleCounters
 
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
 
-	bundlesSent     atomic.Int64 `stat:"bundles_sent"`
-	bundleMsgs      atomic.Int64 `stat:"bundle_msgs_sent"`
-	bundleBytes     atomic.Int64
 	datagramsSent   atomic.Int64 `stat:"datagrams_sent"`
 	datagramsRecv   atomic.Int64 `stat:"datagrams_received"`
 	bytesRecv       atomic.Int64 `stat:"bytes_received"`
@@ -104,8 +103,7 @@ func (u *UDP) Init() error {
 		g := netip.MustParseAddr(u.cfg.McastAddr)
 		u.group = net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, uint16(u.cfg.McastPort)))
 	}
-	size := int(u.cfg.BundleSize) + 256
-	u.bufPool.New = func() any { b := make([]byte, 0, size); return &b }
+	u.bufs = transport.NewBufPool(int(u.cfg.BundleSize) + 256)
 	u.sndPool.New = func() any { return &sender{u: u} }
 	return nil
 }
@@ -122,16 +120,18 @@ func (u *UDP) Start() error {
 			return err
 		}
 	}
-	u.cache = newAddrCache(u.cfg.CacheExpiry, u.cfg.CacheMax)
+	u.cache = transport.NewAddrCache(u.cfg.CacheExpiry, u.cfg.CacheMax)
 	u.authenticated = u.Stack().Authenticated()
-	u.queue = newSendQueue(u.cfg.QueueLen)
+	u.queue = transport.NewSendQueue(u.cfg.QueueLen)
 	u.whoHas = map[stack.Address]time.Time{}
 	u.Log().Info("udp transport started", "local", u.local, "iface", u.iface.Name, "ip_mcast", u.cfg.IPMcast, "group", u.group)
 	u.Go(func(done <-chan struct{}) { u.readLoop(u.upc, done) })
 	if u.mpc != nil {
 		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, done) })
 	}
-	u.Go(func(done <-chan struct{}) { newBundler(u).run(done) })
+	u.Go(func(done <-chan struct{}) {
+		transport.NewBundler(u, u.queue, int(u.cfg.BundleSize), u.bufs, &sender{u: u}, &u.bc).Run(done)
+	})
 	u.GoEvery(max(u.cfg.CacheExpiry/4, 10*time.Millisecond), u.reap)
 	return nil
 }
@@ -277,26 +277,26 @@ func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
 		return
 	}
 	if u.authenticated {
-		if u.cache.differs(h.Src, from) {
+		if u.cache.Differs(h.Src, from) {
 			u.unprovenMoves.Add(1)
 		}
 		return
 	}
-	u.cache.learn(h.Src, from)
+	u.cache.Learn(h.Src, from)
 }
 
 // LearnAddress records that src is at from: the authenticating layer
 // (ENCRYPT) accepted a message src sealed that came from there.
 func (u *UDP) LearnAddress(src stack.Address, from netip.AddrPort) {
 	if u.cache != nil && from.IsValid() && !src.IsZero() && src != u.LocalAddress() {
-		u.cache.learn(src, from)
+		u.cache.Learn(src, from)
 	}
 }
 
 // reap expires address-cache entries and old WHO_HAS marks.
 func (u *UDP) reap() {
 	now := time.Now()
-	u.expired.Add(int64(u.cache.expire(now)))
+	u.expired.Add(int64(u.cache.Expire(now)))
 	u.whoMu.Lock()
 	defer u.whoMu.Unlock()
 	for a, at := range u.whoHas {
@@ -325,17 +325,15 @@ func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
 		s := u.getSender()
 		buf := u.getBuf()
 		*buf = stack.EncodeBundle(*buf, u.Stack().Cluster(), local, m.IsMulticast(), m)
-		u.bundlesSent.Add(1)
-		u.bundleMsgs.Add(1)
-		u.bundleBytes.Add(int64(len(*buf)))
+		u.bc.Count(1, len(*buf))
 		s.add(buf, m.Dest)
 		s.flush()
 		u.sndPool.Put(s)
 		return nil
 	}
 	drop := u.cfg.DropFull || m.HasTransient(stack.DontBlock)
-	switch err := u.queue.put(ctx, m, drop, u.Done()); {
-	case err == errQueueFull:
+	switch err := u.queue.Put(ctx, m, drop, u.Done()); {
+	case err == transport.ErrQueueFull:
 		u.droppedFull.Add(1)
 		return nil
 	case err != nil:
@@ -349,18 +347,18 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if v := e.View; v != nil && u.cache != nil {
-			u.cache.setView(v)
+			u.cache.SetView(v)
 		}
 	case stack.EvAddPhysicalAddress:
 		if u.cache != nil && e.Physical.IsValid() && e.Logical != u.LocalAddress() {
-			u.cache.learn(e.Logical, e.Physical)
+			u.cache.Learn(e.Logical, e.Physical)
 		}
 		return nil, nil
 	case stack.EvKnownMembers:
 		if u.cache == nil {
 			return nil, nil
 		}
-		return u.cache.members(u.LocalAddress()), nil
+		return u.cache.Members(u.LocalAddress()), nil
 	case stack.EvSendToPhysical:
 		if e.Msg == nil || !e.To.IsValid() {
 			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
@@ -372,8 +370,8 @@ func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 			return u.local, nil
 		}
 		if u.cache != nil {
-			if ce := u.cache.get(a); ce != nil {
-				return ce.ap, nil
+			if ce := u.cache.Get(a); ce != nil {
+				return ce.AP, nil
 			}
 		}
 		return nil, nil
@@ -395,9 +393,7 @@ func (u *UDP) sendToPhysical(ps stack.EvSendToPhysical) error {
 	s := u.getSender()
 	buf := u.getBuf()
 	*buf = stack.EncodeBundle(*buf, u.Stack().Cluster(), m.Src, false, m)
-	u.bundlesSent.Add(1)
-	u.bundleMsgs.Add(1)
-	u.bundleBytes.Add(int64(len(*buf)))
+	u.bc.Count(1, len(*buf))
 	s.bufs = append(s.bufs, buf)
 	s.push(*buf, net.UDPAddrFromAddrPort(ps.To))
 	s.flush()
@@ -422,25 +418,18 @@ func (u *UDP) askWhoHas(a stack.Address) {
 	u.Go(func(<-chan struct{}) { _, _ = u.PassUpEvent(stack.EvWhoHas{Member: a}) })
 }
 
-func (u *UDP) getBuf() *[]byte {
-	b := u.bufPool.Get().(*[]byte)
-	*b = (*b)[:0]
-	return b
-}
+func (u *UDP) getBuf() *[]byte { return u.bufs.Get() }
 
 func (u *UDP) getSender() *sender { return u.sndPool.Get().(*sender) }
 
 // Stats reports the shared transport counters and UDP's own.
 func (u *UDP) Stats() []stack.Stat {
-	avg := int64(0)
-	if n := u.bundlesSent.Load(); n > 0 {
-		avg = u.bundleBytes.Load() / n
-	}
+	avg := u.bc.AvgSize()
 	cacheSize, evicted, refused := 0, int64(0), int64(0)
 	if u.cache != nil {
-		cacheSize, evicted, refused = u.cache.size(), u.cache.evicted.Load(), u.cache.refused.Load()
+		cacheSize, evicted, refused = u.cache.Size(), u.cache.Evicted.Load(), u.cache.Refused.Load()
 	}
-	return append(append(u.TransportBase.Stats(), stack.CounterStats(u)...),
+	return append(append(append(u.TransportBase.Stats(), stack.CounterStats(u)...), stack.CounterStats(&u.bc)...),
 		stack.Stat{Name: "avg_bundle_size", Value: avg},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
 		stack.Stat{Name: "addr_cache_evicted", Value: evicted},

@@ -1,4 +1,4 @@
-package udp
+package transport
 
 import (
 	"net"
@@ -10,49 +10,55 @@ import (
 	"github.com/strata-go/strata/stack"
 )
 
-// addrCache maps logical addresses to the unicast socket address of their
-// transport. Discovery fills it (EvAddPhysicalAddress), and so does every
+// AddrCache maps logical addresses to the unicast (UDP) or listening (TCP)
+// socket address of their transport. Discovery fills it (EvAddPhysicalAddress), and so does every
 // received datagram (a stack that trusts its network) or every message an
 // authenticating layer accepted (one that does not). Entries of members
 // that are not in the current view expire after they have not been heard
 // from for expiry; the cache holds at most max entries, and a new entry
 // beyond that pushes out one of a non-member.
-type addrCache struct {
+type AddrCache struct {
 	expiry time.Duration
 	max    int
 	mu     sync.RWMutex
-	m      map[stack.Address]*physEntry
+	m      map[stack.Address]*PhysEntry
 	view   map[stack.Address]bool
 
-	evicted, refused atomic.Int64
+	// Evicted counts non-members pushed out; Refused, newcomers refused
+	// because the cache is full of members.
+	Evicted, Refused atomic.Int64
 }
 
-type physEntry struct {
-	ap   netip.AddrPort
-	udp  *net.UDPAddr // for WriteBatch, which takes a net.Addr
+// PhysEntry is where a member is: its address, and the same as a
+// *net.UDPAddr for UDP's WriteBatch (which takes a net.Addr).
+type PhysEntry struct {
+	AP   netip.AddrPort
+	UDP  *net.UDPAddr
 	seen atomic.Int64 // unix nanos
 }
 
-func newAddrCache(expiry time.Duration, max int) *addrCache {
-	return &addrCache{expiry: expiry, max: max, m: map[stack.Address]*physEntry{}, view: map[stack.Address]bool{}}
+// NewAddrCache returns a cache whose non-members expire after expiry, with
+// at most max entries.
+func NewAddrCache(expiry time.Duration, max int) *AddrCache {
+	return &AddrCache{expiry: expiry, max: max, m: map[stack.Address]*PhysEntry{}, view: map[stack.Address]bool{}}
 }
 
-// learn records that a is at ap (now).
-func (c *addrCache) learn(a stack.Address, ap netip.AddrPort) {
+// Learn records that a is at ap (now).
+func (c *AddrCache) Learn(a stack.Address, ap netip.AddrPort) {
 	now := time.Now().UnixNano()
 	c.mu.RLock()
 	e := c.m[a]
 	c.mu.RUnlock()
-	if e != nil && e.ap == ap {
+	if e != nil && e.AP == ap {
 		e.seen.Store(now)
 		return
 	}
-	e = &physEntry{ap: ap, udp: net.UDPAddrFromAddrPort(ap)}
+	e = &PhysEntry{AP: ap, UDP: net.UDPAddrFromAddrPort(ap)}
 	e.seen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, known := c.m[a]; !known && len(c.m) >= c.max && !c.evictLocked() && !c.view[a] {
-		c.refused.Add(1) // full of members: nothing to push out (a member goes in all the same)
+		c.Refused.Add(1) // full of members: nothing to push out (a member goes in all the same)
 		return
 	}
 	c.m[a] = e
@@ -60,33 +66,34 @@ func (c *addrCache) learn(a stack.Address, ap netip.AddrPort) {
 
 // evictLocked removes one entry of a non-member (the map's iteration order
 // picks which), and reports whether there was one.
-func (c *addrCache) evictLocked() bool {
+func (c *AddrCache) evictLocked() bool {
 	for a := range c.m {
 		if !c.view[a] {
 			delete(c.m, a)
-			c.evicted.Add(1)
+			c.Evicted.Add(1)
 			return true
 		}
 	}
 	return false
 }
 
-// differs reports whether the cache holds an address for a other than ap.
-func (c *addrCache) differs(a stack.Address, ap netip.AddrPort) bool {
+// Differs reports whether the cache holds an address for a other than ap.
+func (c *AddrCache) Differs(a stack.Address, ap netip.AddrPort) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	e := c.m[a]
-	return e != nil && e.ap != ap
+	return e != nil && e.AP != ap
 }
 
-func (c *addrCache) get(a stack.Address) *physEntry {
+// Get returns where a is, or nil.
+func (c *AddrCache) Get(a stack.Address) *PhysEntry {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.m[a]
 }
 
-// setView records the members whose entries never expire.
-func (c *addrCache) setView(v *stack.View) {
+// SetView records the members whose entries never expire.
+func (c *AddrCache) SetView(v *stack.View) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.view)
@@ -95,10 +102,10 @@ func (c *addrCache) setView(v *stack.View) {
 	}
 }
 
-// targets returns where a group message goes without IP multicast: the
+// Targets returns where a group message goes without IP multicast: the
 // view's members (but self), or, before there is a view of others, every
 // member the cache knows.
-func (c *addrCache) targets(self stack.Address, dst []*physEntry) []*physEntry {
+func (c *AddrCache) Targets(self stack.Address, dst []*PhysEntry) []*PhysEntry {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	dst = dst[:0]
@@ -118,8 +125,8 @@ func (c *addrCache) targets(self stack.Address, dst []*physEntry) []*physEntry {
 	return dst
 }
 
-// expire removes entries of non-members not heard from within expiry.
-func (c *addrCache) expire(now time.Time) int {
+// Expire removes entries of non-members not heard from within expiry.
+func (c *AddrCache) Expire(now time.Time) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
@@ -132,14 +139,15 @@ func (c *addrCache) expire(now time.Time) int {
 	return n
 }
 
-func (c *addrCache) size() int {
+// Size returns the number of entries.
+func (c *AddrCache) Size() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.m)
 }
 
-// members returns every member with a known address, but self.
-func (c *addrCache) members(self stack.Address) []stack.Address {
+// Members returns every member with a known address, but self.
+func (c *AddrCache) Members(self stack.Address) []stack.Address {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	out := make([]stack.Address, 0, len(c.m))

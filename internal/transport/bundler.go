@@ -1,0 +1,199 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// ErrQueueFull is returned by SendQueue.Put when the queue is full and the
+// caller asked to drop rather than wait.
+var ErrQueueFull = errors.New("transport: bundler queue full")
+
+// SendQueue is the bounded queue between senders and the bundler.
+type SendQueue struct {
+	ch chan *stack.Message
+}
+
+// NewSendQueue returns a queue that holds n messages.
+func NewSendQueue(n int) *SendQueue { return &SendQueue{ch: make(chan *stack.Message, n)} }
+
+// Put queues m. When the queue is full it returns ErrQueueFull at once if
+// drop is set, and otherwise waits for room, ctx or done.
+func (q *SendQueue) Put(ctx context.Context, m *stack.Message, drop bool, done <-chan struct{}) error {
+	select {
+	case q.ch <- m:
+		return nil
+	default:
+	}
+	if drop {
+		return ErrQueueFull
+	}
+	select {
+	case q.ch <- m:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-done:
+		return stack.ErrClosed
+	}
+}
+
+// BufPool hands out buffers of one capacity (a bundle's largest size plus
+// room), so the data path never allocates per bundle.
+type BufPool struct{ p sync.Pool }
+
+// NewBufPool returns a pool of buffers with capacity size.
+func NewBufPool(size int) *BufPool {
+	bp := &BufPool{}
+	bp.p.New = func() any { b := make([]byte, 0, size); return &b }
+	return bp
+}
+
+// Get returns an empty buffer.
+func (p *BufPool) Get() *[]byte {
+	b := p.p.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
+}
+
+// Put returns a buffer to the pool.
+func (p *BufPool) Put(b *[]byte) { p.p.Put(b) }
+
+// BundleCounters are the bundler's statistics (and those of bundles a
+// transport sends itself, unbundled).
+type BundleCounters struct {
+	BundlesSent atomic.Int64 `stat:"bundles_sent"`
+	BundleMsgs  atomic.Int64 `stat:"bundle_msgs_sent"`
+	BundleBytes atomic.Int64
+}
+
+// Count adds one bundle of msgs messages and n bytes.
+func (c *BundleCounters) Count(msgs, n int) {
+	c.BundlesSent.Add(1)
+	c.BundleMsgs.Add(int64(msgs))
+	c.BundleBytes.Add(int64(n))
+}
+
+// AvgSize is the average size of the bundles sent so far.
+func (c *BundleCounters) AvgSize() int64 {
+	if n := c.BundlesSent.Load(); n > 0 {
+		return c.BundleBytes.Load() / n
+	}
+	return 0
+}
+
+// Sink is the transport side of a Bundler: it takes finished bundles and
+// puts them on the network.
+type Sink interface {
+	// Bundle takes buf, a finished bundle for dest (zero: the group). The
+	// sink owns buf and returns it to the pool once sent.
+	Bundle(buf *[]byte, dest stack.Address)
+	// Flush sends what Bundle took: the bundler's queue is drained.
+	Flush()
+}
+
+// Owner is the transport a Bundler packs for: its local address and stack
+// (for the cluster name).
+type Owner interface {
+	LocalAddress() stack.Address
+	Stack() *stack.Stack
+}
+
+// Bundler is the one goroutine that packs queued messages into bundles,
+// per destination. It finishes a destination's bundle when the next
+// message would make it exceed max, and hands everything to the sink as
+// soon as the queue is drained, so a lone message waits for no timer.
+type Bundler struct {
+	owner    Owner
+	q        *SendQueue
+	max      int
+	pool     *BufPool
+	sink     Sink
+	counters *BundleCounters
+	byDest   map[stack.Address]*bundle
+	active   []*bundle
+}
+
+type bundle struct {
+	dest  stack.Address
+	buf   *[]byte
+	count int
+}
+
+// NewBundler returns a bundler that takes messages from q and packs them
+// into bundles of at most max bytes from pool for sink.
+func NewBundler(owner Owner, q *SendQueue, max int, pool *BufPool, sink Sink, c *BundleCounters) *Bundler {
+	return &Bundler{owner: owner, q: q, max: max, pool: pool, sink: sink, counters: c, byDest: map[stack.Address]*bundle{}}
+}
+
+// Run bundles until done is closed.
+func (b *Bundler) Run(done <-chan struct{}) {
+	q := b.q.ch
+	for {
+		select {
+		case <-done:
+			return
+		case m := <-q:
+			b.add(m)
+		}
+	drain:
+		for {
+			select {
+			case m := <-q:
+				b.add(m)
+			default:
+				break drain
+			}
+		}
+		b.flushAll()
+	}
+}
+
+func (b *Bundler) add(m *stack.Message) {
+	local := b.owner.LocalAddress()
+	bd := b.byDest[m.Dest]
+	if bd == nil {
+		bd = &bundle{dest: m.Dest}
+		b.byDest[m.Dest] = bd
+	}
+	size := m.EncodedSize(local)
+	if bd.count > 0 && len(*bd.buf)+size > b.max {
+		b.finish(bd)
+	}
+	if bd.count == 0 {
+		if bd.buf == nil {
+			b.active = append(b.active, bd)
+		}
+		bd.buf = b.pool.Get()
+		*bd.buf = stack.AppendBundleHeader(*bd.buf, b.owner.Stack().Cluster(), local, m.IsMulticast(), 0)
+	}
+	*bd.buf = stack.AppendMessage(*bd.buf, m, local)
+	bd.count++
+}
+
+// finish closes bd's bundle and hands it to the sink; bd stays active with
+// no buffer until its next message.
+func (b *Bundler) finish(bd *bundle) {
+	stack.PatchBundleCount(*bd.buf, bd.count)
+	b.counters.Count(bd.count, len(*bd.buf))
+	b.sink.Bundle(bd.buf, bd.dest)
+	bd.count = 0
+}
+
+func (b *Bundler) flushAll() {
+	for _, bd := range b.active {
+		if bd.count > 0 {
+			b.finish(bd)
+		}
+		bd.buf = nil
+	}
+	b.active = b.active[:0]
+	b.sink.Flush()
+	if len(b.byDest) > 1024 {
+		clear(b.byDest)
+	}
+}

@@ -1,0 +1,89 @@
+package transport
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/stack"
+)
+
+func TestSendQueueBlocksDropsAndHonoursCtx(t *testing.T) {
+	q := NewSendQueue(1)
+	done := make(chan struct{})
+	m := stack.NewMessage(stack.Address{}, nil)
+	require.NoError(t, q.Put(context.Background(), m, false, done))
+	require.ErrorIs(t, q.Put(context.Background(), m, true, done), ErrQueueFull, "full queue drops when asked to")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, q.Put(ctx, m, false, done), context.DeadlineExceeded, "full queue blocks until ctx ends")
+
+	close(done)
+	require.ErrorIs(t, q.Put(context.Background(), m, false, done), stack.ErrClosed)
+
+	<-q.ch
+	require.NoError(t, q.Put(context.Background(), m, false, make(chan struct{})), "room again")
+}
+
+func TestAddrCacheExpiresOnlyNonMembers(t *testing.T) {
+	c := NewAddrCache(time.Minute, 2000)
+	a, b, self := stack.NewAddress(), stack.NewAddress(), stack.NewAddress()
+	pa := netip.MustParseAddrPort("127.0.0.1:7800")
+	pb := netip.MustParseAddrPort("127.0.0.1:7801")
+	c.Learn(a, pa)
+	c.Learn(b, pb)
+	c.Learn(self, netip.MustParseAddrPort("127.0.0.1:7802"))
+	c.SetView(stack.NewView(a, 1, a, self))
+
+	targets := c.Targets(self, nil)
+	require.Len(t, targets, 1, "with a view, group messages go to the view's other members")
+	require.Equal(t, pa, targets[0].AP)
+
+	require.Zero(t, c.Expire(time.Now()))
+	require.Equal(t, 1, c.Expire(time.Now().Add(2*time.Minute)), "b is not in the view and went quiet")
+	require.Nil(t, c.Get(b))
+	require.NotNil(t, c.Get(a))
+
+	c.Learn(a, pb)
+	require.Equal(t, pb, c.Get(a).AP, "a new physical address replaces the old")
+	c.SetView(stack.NewView(a, 2, self))
+	require.Len(t, c.Targets(self, nil), 1, "no view of others: every known member")
+}
+
+// TestAddrCacheIsBoundedAndKeepsMembers: a flood of new sources (each an
+// empty bundle from a new address, in a stack that trusts its network)
+// cannot grow the cache past logical_addr_cache_max_size; what it pushes
+// out are non-members, never the view's members, which may exceed the
+// bound themselves.
+func TestAddrCacheIsBoundedAndKeepsMembers(t *testing.T) {
+	c := NewAddrCache(time.Minute, 10)
+	members := make([]stack.Address, 12)
+	for i := range members {
+		members[i] = stack.NewAddress()
+	}
+	c.SetView(stack.NewView(members[0], 1, members[:3]...))
+	pa := netip.MustParseAddrPort("127.0.0.1:7800")
+	for _, m := range members[:3] {
+		c.Learn(m, pa)
+	}
+	for range 10_000 {
+		c.Learn(stack.NewAddress(), pa)
+	}
+	require.Equal(t, 10, c.Size())
+	require.EqualValues(t, 10_000-7, c.Evicted.Load())
+	for _, m := range members[:3] {
+		require.NotNil(t, c.Get(m), "a member is never pushed out")
+	}
+
+	c.SetView(stack.NewView(members[0], 2, members...))
+	for _, m := range members {
+		c.Learn(m, pa)
+	}
+	require.Equal(t, 12, c.Size(), "a view larger than the bound is kept whole")
+	c.Learn(stack.NewAddress(), pa)
+	require.EqualValues(t, 1, c.Refused.Load(), "full of members: a newcomer is refused and counted")
+}
