@@ -29,6 +29,8 @@ const (
 	IDUFC           uint16 = 21
 	IDMFC           uint16 = 22
 	IDRPC           uint16 = 23 // package rpc's request/response header (not a layer)
+	IDTCP           uint16 = 24
+	IDDNSPing       uint16 = 25
 
 	// IDUserMin is the first id free for protocols outside strata.
 	IDUserMin uint16 = 1024

@@ -21,6 +21,7 @@ import (
 	_ "github.com/strata-go/strata/protocols/sim"
 	_ "github.com/strata-go/strata/protocols/stable"
 	_ "github.com/strata-go/strata/protocols/statetransfer"
+	_ "github.com/strata-go/strata/protocols/tcp"
 	_ "github.com/strata-go/strata/protocols/udp"
 	_ "github.com/strata-go/strata/protocols/ufc"
 	_ "github.com/strata-go/strata/protocols/unicast2"
