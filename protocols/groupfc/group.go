@@ -136,6 +136,9 @@ type group struct {
 	maxUnread int // blocks a sender may have unread here; beyond, its data is dropped (0: no bound)
 
 	members map[stack.Address]*member
+	// joinSeen: per member, the sync point of its latest JOIN taken; an
+	// older JOIN that comes later is stale (staleJoins).
+	joinSeen map[stack.Address]uint64
 	// retired: members removed while their ready queue still delivers; a
 	// next incarnation of the same address queues behind them (prev).
 	retired   map[stack.Address]*member
@@ -154,6 +157,7 @@ type group struct {
 	nready []*member
 
 	reclaims, remits, acks  int64
+	staleJoins              int64 // JOINs of an earlier incarnation, or replies to one already taken
 	overruns                int64 // data beyond what was advertised (a sender broke the window)
 	overrunDrops            int64 // data dropped: beyond maxUnread
 	activePeak              int
@@ -162,7 +166,7 @@ type group struct {
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
 	return &group{self: self, instance: instance, loopback: loopback, events: events, maxActive: maxActive,
-		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, bcSndNxt: 1}
+		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, joinSeen: map[stack.Address]uint64{}, bcSndNxt: 1}
 }
 
 // limits returns max_active and the reclaim limit.
@@ -403,6 +407,19 @@ func (g *group) queueEvent(m *member, up, graceful bool, seqno uint64) {
 // handleProto runs a group protocol message from src.
 func (g *group) handleProto(src stack.Address, h *Header) {
 	m := g.members[src]
+	if h.Type == typeJoin {
+		if h.Seqno < g.joinSeen[src] || m != nil && !m.deleted && h.Seqno < m.bcRcvNxt {
+			// Sent before a later JOIN of the same member, or before
+			// broadcasts of it already taken (its sync point is lower: a
+			// member's broadcast seqno only grows), and late: an earlier
+			// incarnation's, whose connection was repaired after the
+			// later one's. Taken, it would start the member below
+			// broadcasts already delivered.
+			g.staleJoins++
+			return
+		}
+		g.joinSeen[src] = h.Seqno
+	}
 	if m != nil && (m.deleted || m.state == Leaving) && h.Type == typeJoin {
 		// Its next incarnation: kept until this one is gone.
 		m.rejoin = h
@@ -414,17 +431,24 @@ func (g *group) handleProto(src stack.Address, h *Header) {
 	switch h.Type {
 	case typeJoin:
 		if m != nil && m.state != Joining && m.state != Published {
+			if h.Reply {
+				// An answer to a JOIN of a new incarnation that this
+				// member has already taken in (the JOINs crossed).
+				g.staleJoins++
+				return
+			}
 			// A JOIN from a member joined here: a view of its left this
 			// member out and it has come back (a merge). Its earlier
 			// incarnation ended there, with what it had not yet sent
 			// here; it ends here too (DOWN after what it can still
 			// deliver), and a new one begins: in the view, so JOINED
-			// once this member's JOIN goes.
+			// once this member's JOIN (a reply) goes.
 			g.toLeaving(m)
 			g.lost(m)
 			m = g.create(src, Published)
 			g.updateMember(m, 0)
 			g.send(m, typeJoin)
+			g.out[len(g.out)-1].h.Reply = true
 		}
 		if m == nil {
 			m = g.create(src, Joining)

@@ -930,3 +930,65 @@ func TestPublishedMembersDoNotNudgeEachOther(t *testing.T) {
 	h.settle()
 	require.True(t, h.bcast("X", 10), "Y's JOIN opened the window")
 }
+
+// settleWithin is settle, failing the test after n packets: two members
+// that answer each other for ever never settle.
+func (h *harness) settleWithin(n int) {
+	for moved := true; moved; {
+		moved = false
+		for _, x := range h.names() {
+			for _, y := range h.names() {
+				for h.step(x, y, false) || h.step(x, y, true) {
+					moved = true
+					if n--; n < 0 {
+						h.t.Fatal("the members still send to each other: no end")
+					}
+				}
+			}
+		}
+	}
+}
+
+// A JOIN of an earlier incarnation that comes late (its connection was
+// repaired after a later one's) is ignored: its sync point is below the
+// member's latest. Taken, it started a new incarnation below broadcasts
+// already delivered, and its reply started the next, without end (seen in
+// scenario E: A and D sent each other JOINs in no time, for ever).
+func TestLateJoinOfAnEarlierIncarnationIsIgnored(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	for range 2 {
+		require.True(t, h.bcast("A", 10))
+		h.settle()
+	}
+	h.n("B").got = nil
+	b := h.n("B").g
+	before := h.m("B", "A")
+	b.handleProto(h.a("A"), &Header{Type: typeJoin, Seqno: 1, Instance: 1, N: advIdle})
+	h.after("B")
+	h.settleWithin(100)
+	require.Same(t, before, h.m("B", "A"), "the same incarnation")
+	require.Empty(t, h.n("B").got, "no DOWN and UP for a stale JOIN")
+	require.Equal(t, int64(1), b.staleJoins)
+	require.True(t, h.bcast("A", 10))
+	h.settleWithin(100)
+	require.Equal(t, []string{"A:bcast3"}, h.n("B").got)
+}
+
+// A JOIN of a new incarnation that reaches a member JOINED here is
+// answered with a JOIN marked as a reply; a reply that reaches a member
+// that has the sender JOINED already (the JOINs crossed) starts nothing.
+func TestJoinRepliesNeverStartAnIncarnation(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	b := h.n("B").g
+	b.handleProto(h.a("A"), &Header{Type: typeJoin, Seqno: h.n("A").g.bcSndNxt, Instance: 1, N: advIdle})
+	h.after("B")
+	out := h.uni[[2]stack.Address{h.a("B"), h.a("A")}]
+	require.NotEmpty(t, out)
+	require.True(t, out[0].h.Type == typeJoin && out[0].h.Reply, "B answers with a reply: %v", out[0].h)
+	h.settleWithin(100)
+	require.Equal(t, Joined, h.m("A", "B").state)
+	require.Equal(t, Joined, h.m("B", "A").state)
+	require.Equal(t, int64(1), h.n("A").g.staleJoins, "A had B JOINED: the reply was not taken")
+}

@@ -385,7 +385,7 @@ func (p *GroupFC) Members() []MemberInfo {
 func (p *GroupFC) Stats() []stack.Stat {
 	p.mu.Lock()
 	var members, active, pending, deferred, small, reclaims, remits, acks int64
-	var activePeak, unread, unreadPeak, overruns, overrunDrops int64
+	var activePeak, unread, unreadPeak, overruns, overrunDrops, staleJoins int64
 	if g := p.g; g != nil {
 		members, active, pending, small = int64(len(g.members)), int64(g.activeCnt), int64(len(g.pending)), int64(len(g.smallWin))
 		for _, m := range g.members {
@@ -393,7 +393,7 @@ func (p *GroupFC) Stats() []stack.Stat {
 		}
 		reclaims, remits, acks = g.reclaims, g.remits, g.acks
 		activePeak, unread, unreadPeak, overruns = int64(g.activePeak), g.unreadBytes, g.unreadPeak, g.overruns
-		overrunDrops = g.overrunDrops
+		overrunDrops, staleJoins = g.overrunDrops, g.staleJoins
 	}
 	p.mu.Unlock()
 	return append(stack.CounterStats(p),
@@ -409,6 +409,7 @@ func (p *GroupFC) Stats() []stack.Stat {
 		stack.Stat{Name: "unread_bytes", Value: unread},
 		stack.Stat{Name: "unread_bytes_peak", Value: unreadPeak},
 		stack.Stat{Name: "window_overruns", Value: overruns},
+		stack.Stat{Name: "stale_joins", Value: staleJoins},
 		stack.Stat{Name: "dropped_window_overrun", Value: overrunDrops},
 		stack.Stat{Name: "blocked_ms", Value: p.blockedNanos.Load() / 1e6},
 	)

@@ -28,13 +28,24 @@ const (
 
 var typeNames = [...]string{"?", "BCAST", "MCAST", "UCAST", "JOIN", "LEAVE", "ADV", "ACK", "RECLAIM", "REMIT", "LEAVE_ACK"}
 
+// The bits of a header's flags byte (bit 0 was the AckReq bool before
+// Reply came, so older encodings read the same).
+const (
+	flagAckReq uint8 = 1 << iota
+	flagReply
+)
+
 // maxWindow bounds an advertised or remitted window on the wire (blocks).
 const maxWindow = 1 << 24
 
 // Header is a GROUPFC message.
 type Header struct {
-	Type     uint8
-	AckReq   bool   // BCAST, MCAST: the receiver answers with ACK
+	Type   uint8
+	AckReq bool // BCAST, MCAST: the receiver answers with ACK
+	// Reply: a JOIN that answers the peer's JOIN of a new incarnation
+	// (sent by a member that had the peer JOINED): it never starts one
+	// itself, so two members cannot answer each other's JOINs for ever.
+	Reply    bool
 	Seqno    uint64 // data: broadcast seqno; JOIN, LEAVE: sync point
 	Instance uint64 // MCAST: target instance; JOIN: the joiner's instance
 	N        uint64 // JOIN, ADV: window; ACK: acked; REMIT: remitted
@@ -49,7 +60,7 @@ func (h *Header) Kind() string {
 }
 
 func (h *Header) String() string {
-	return fmt.Sprintf("GROUPFC %s seqno=%d inst=%d n=%d ack=%t", h.Kind(), h.Seqno, h.Instance, h.N, h.AckReq)
+	return fmt.Sprintf("GROUPFC %s seqno=%d inst=%d n=%d ack=%t reply=%t", h.Kind(), h.Seqno, h.Instance, h.N, h.AckReq, h.Reply)
 }
 
 func isData(t uint8) bool { return t == typeBcast || t == typeMcast || t == typeUcast }
@@ -61,19 +72,30 @@ func (h *Header) Size() int {
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
-	b = append(b, h.Type)
-	b = wire.AppendBool(b, h.AckReq)
+	var flags uint8
+	if h.AckReq {
+		flags |= flagAckReq
+	}
+	if h.Reply {
+		flags |= flagReply
+	}
+	b = append(b, h.Type, flags)
 	b = wire.AppendUvarint(b, h.Seqno)
 	b = wire.AppendUvarint(b, h.Instance)
 	return wire.AppendUvarint(b, h.N)
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
-	h := &Header{Type: r.Uint8(), AckReq: r.Bool(), Seqno: r.Uvarint(), Instance: r.Uvarint(), N: r.Uvarint()}
+	h := &Header{Type: r.Uint8()}
+	flags := r.Uint8()
+	h.Seqno, h.Instance, h.N = r.Uvarint(), r.Uvarint(), r.Uvarint()
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
+	h.AckReq, h.Reply = flags&flagAckReq != 0, flags&flagReply != 0
 	switch {
+	case flags&^(flagAckReq|flagReply) != 0:
+		return nil, fmt.Errorf("%w: GROUPFC flags %#x", stack.ErrMalformed, flags)
 	case h.Type == 0 || h.Type > maxType:
 		return nil, fmt.Errorf("%w: GROUPFC message type %d", stack.ErrMalformed, h.Type)
 	case (h.Type == typeJoin || h.Type == typeAdv || h.Type == typeRemit) && h.N > maxWindow:
@@ -85,7 +107,7 @@ func decodeHeader(r *wire.Reader) (stack.Header, error) {
 func sampleHeaders() []stack.Header {
 	return []stack.Header{
 		&Header{Type: typeBcast, Seqno: 7, AckReq: true}, &Header{Type: typeMcast, Seqno: 8, Instance: 3},
-		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65},
+		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65}, &Header{Type: typeJoin, Seqno: 5, Reply: true},
 		&Header{Type: typeLeave, Seqno: 12}, &Header{Type: typeAdv, N: 780}, &Header{Type: typeAck, N: 13},
 		&Header{Type: typeReclaim}, &Header{Type: typeRemit, N: 65}, &Header{Type: typeLeaveAck},
 	}
