@@ -139,12 +139,13 @@ func (p *peer) run(done <-chan struct{}) {
 				f.release()
 				continue
 			}
-			if cur = t.dial(p); cur == nil {
+			if t.dial(p) == nil {
 				failed = time.Now()
 				t.droppedUnreach.Add(1)
 				f.release()
 				continue
 			}
+			cur = t.current(p)
 			failed = time.Time{}
 		}
 		p.touch()

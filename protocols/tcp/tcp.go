@@ -365,7 +365,9 @@ func (t *TCP) dial(p *peer) *conn {
 		return nil
 	}
 	t.Go(func(done <-chan struct{}) { t.readLoop(c, done) })
-	return t.current(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return p.conn
 }
 
 // initiator is the listening address of the member that dialled c.
