@@ -1,10 +1,10 @@
 package tcp_test
 
 import (
-	"fmt"
-	"strings"
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
