@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // callbacks hands a channel's notices (views, Block, Unblock) to the
@@ -18,8 +19,12 @@ import (
 // the view callback ran on the delivering goroutine: a message that
 // reaches the channel after a view waits until that view's ViewAccepted
 // has returned, and a ViewAccepted waits until every message that reached
-// the channel before its view has come back from Receive. Deliveries are
-// counted per epoch (the time between two views) for that.
+// the channel before its view has been handed to Receive, and, for at
+// most slowReceive, until those Receive calls have returned. Deliveries
+// are counted per epoch (the time between two views) for that. A Receive
+// that runs longer lets the view go: it holds up only its own sender's
+// later messages (on their per-sender lane, behind it; those of the same
+// view then come after the view), not every sender's, as JGroups delivers.
 type callbacks struct {
 	mu      sync.Mutex
 	idle    *sync.Cond // signalled when a view callback ends or an epoch drains
@@ -48,11 +53,21 @@ type item struct {
 	isMsg bool
 }
 
+// slowReceive is how long a view waits for Receive calls of the view
+// before it that are still running (the messages themselves were handed
+// over): long enough that an application's ordinary Receive finishes and
+// the view comes after it, short enough that one blocked Receive does not
+// hold every other sender up behind the view.
+const slowReceive = time.Second
+
 // epoch counts the deliveries that reached the channel after view q-1 was
 // queued and before view q.
 type epoch struct {
 	q      uint64 // views queued before it began
 	active atomic.Int64
+	// inApp: of active, those inside the application's Receive, or held
+	// behind one (a batch admitted with the message Receive has).
+	inApp  atomic.Int64
 	closed atomic.Bool // view q has been queued, or a drain began
 	// prev: the epoch a drain closed, while that drain still waits for it
 	// (a view queued meanwhile waits for it too).
@@ -60,10 +75,36 @@ type epoch struct {
 }
 
 // waitFor returns once e's deliveries, and those of the epoch a drain is
-// still waiting for, are back; callers hold cb.mu.
-func (cb *callbacks) waitFor(e *epoch) {
+// still waiting for, are back; callers hold cb.mu. With grace, a Receive
+// that has run for grace while every other delivery is back (or behind
+// it) is not waited for any longer.
+func (cb *callbacks) waitFor(e *epoch, grace time.Duration) {
+	var since time.Time
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for ; e != nil; e = e.prev.Load() {
 		for e.active.Load() > 0 {
+			if grace > 0 && e.active.Load() == e.inApp.Load() {
+				now := time.Now()
+				if since.IsZero() {
+					since = now
+					t = time.AfterFunc(grace, func() {
+						cb.mu.Lock()
+						cb.idle.Broadcast()
+						cb.mu.Unlock()
+					})
+				}
+				if now.Sub(since) >= grace {
+					break
+				}
+			} else if !since.IsZero() {
+				since = time.Time{} // a delivery moved: the grace starts again
+				t.Stop()
+			}
 			cb.idle.Wait()
 		}
 	}
@@ -88,7 +129,7 @@ func (cb *callbacks) do(f func(), view bool) {
 		it.view = q
 		it.f = func() {
 			cb.mu.Lock()
-			cb.waitFor(before)
+			cb.waitFor(before, slowReceive)
 			cb.mu.Unlock()
 			f()
 		}
@@ -158,20 +199,22 @@ func (cb *callbacks) enterWith(rc *Receipt) *epoch {
 	return cb.enter()
 }
 
-// hold delivers f, a delivery counted in epoch e that was gated. Normally
+// hold delivers f, a delivery counted in epoch e (and admitted with rc)
+// that was gated. Normally
 // the caller waits until the view callbacks before it have returned, so
 // that the layers below count the message as processed only once the
 // application has it (flow control returns credits for it then). But
 // while the callback goroutine is itself inside a channel call (a send, a
 // flush), which may need this member's deliveries to move, f is queued in
 // order on the callback goroutine instead, and the caller goes on.
-func (cb *callbacks) hold(e *epoch, f func()) {
+func (cb *callbacks) hold(e *epoch, rc *Receipt, f func()) {
 	cb.mu.Lock()
 	for cb.gatedLocked(e) && cb.calling.Load() == 0 {
 		cb.idle.Wait()
 	}
 	if !cb.gatedLocked(e) {
 		cb.mu.Unlock()
+		defer cb.inApp(e, rc)()
 		f()
 		return
 	}
@@ -257,6 +300,32 @@ func (cb *callbacks) enter() *epoch {
 	}
 }
 
+// inApp marks, around the application's Receive of a delivery counted in
+// e (and of one whose admission rc holds), that the delivery has been
+// handed over: a view waits for it only up to slowReceive (waitFor). The
+// returned func ends the mark.
+func (cb *callbacks) inApp(e *epoch, rc *Receipt) (end func()) {
+	var pe *epoch
+	if rc != nil {
+		if pe = rc.ep.Load(); pe != nil {
+			pe.inApp.Add(1)
+		}
+	}
+	e.inApp.Add(1)
+	if e.active.Load() == e.inApp.Load() || pe != nil && pe.active.Load() == pe.inApp.Load() {
+		// A view waiting for this epoch may start its grace now.
+		cb.mu.Lock()
+		cb.idle.Broadcast()
+		cb.mu.Unlock()
+	}
+	return func() {
+		e.inApp.Add(-1)
+		if pe != nil {
+			pe.inApp.Add(-1)
+		}
+	}
+}
+
 // leave ends a delivery admitted by enter.
 func (cb *callbacks) leave(e *epoch) {
 	if e.active.Add(-1) == 0 && e.closed.Load() {
@@ -277,7 +346,7 @@ func (cb *callbacks) drain() {
 	next.prev.Store(before)
 	cb.cur.Store(next)
 	before.closed.Store(true)
-	cb.waitFor(before)
+	cb.waitFor(before, 0)
 	next.prev.Store(nil)
 }
 

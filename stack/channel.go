@@ -13,7 +13,9 @@ import (
 // Receiver gets what a channel delivers. Receive runs on the stack's
 // delivery goroutines, concurrently for different senders (and for OOB
 // messages), so it must be safe for concurrent use; one that blocks holds up
-// that sender's regular messages, nothing else. ViewAccepted (and Block and
+// that sender's regular messages, nothing else (a view waits for the Receive
+// calls before it for at most a second, then goes; that sender's messages
+// queued behind the blocked one come after it). ViewAccepted (and Block and
 // Unblock, see Blocker) run one at a time, in order, on the channel's
 // callback goroutine: the membership protocol does not wait for them, so a
 // view callback that blocks holds back only this member's later callbacks
@@ -399,9 +401,10 @@ func (c *Channel) receive(m *Message) {
 	switch {
 	case r == nil:
 	case !c.cb.gated(e):
+		defer c.cb.inApp(e, m.receipt)()
 		r.Receive(m)
 	default:
-		c.cb.hold(e, func() { r.Receive(m) })
+		c.cb.hold(e, m.receipt, func() { r.Receive(m) })
 	}
 }
 
@@ -424,12 +427,13 @@ func (c *Channel) receiveBatch(bt *Batch) {
 		return
 	}
 	if !c.cb.gated(e) {
+		defer c.cb.inApp(e, first)()
 		deliverBatch(r, bt)
 		return
 	}
 	held := *bt // the lanes reuse bt once this returns
 	held.Msgs = slices.Clone(bt.Msgs)
-	c.cb.hold(e, func() { deliverBatch(r, &held) })
+	c.cb.hold(e, first, func() { deliverBatch(r, &held) })
 }
 
 func deliverBatch(r Receiver, bt *Batch) {

@@ -119,6 +119,7 @@ type sentMsg struct {
 	sender, kind, to, seq int
 	view                  stack.ViewID // the sender's view when it sent
 	ups                   uint64       // GROUPFC: the members (bit i: member i) the sender had seen UP
+	downs                 []int        // GROUPFC: per member, the DOWNs of it the sender had seen
 }
 
 type parsed struct {
@@ -152,6 +153,7 @@ type recorder struct {
 	events bool
 	bySrc  map[stack.Address][]string
 	up     map[stack.Address]bool
+	downs  map[stack.Address]int
 	slow   atomic.Int64 // nanoseconds each delivery takes (a slow receiver)
 }
 
@@ -181,8 +183,10 @@ func (r *recorder) Receive(m *stack.Message) {
 			case ev.Graceful:
 				s = "DOWN(left)"
 				delete(r.up, ev.Member)
+				r.downs[ev.Member]++
 			default:
 				delete(r.up, ev.Member)
+				r.downs[ev.Member]++
 			}
 			r.bySrc[ev.Member] = append(r.bySrc[ev.Member], s)
 			if r.log != nil {
@@ -278,7 +282,7 @@ func (r *chaosRun) add() int {
 	rec := newRecorder()
 	rec.name, rec.log = stacktest.Names[i], r.log
 	if r.groupfc {
-		rec.events, rec.bySrc, rec.up = true, map[stack.Address][]string{}, map[stack.Address]bool{}
+		rec.events, rec.bySrc, rec.up, rec.downs = true, map[stack.Address][]string{}, map[stack.Address]bool{}, map[stack.Address]int{}
 	}
 	opts := []stack.Option{stack.FromConfig(sc), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rec), stack.WithSeed(r.seed<<8 | uint64(i))}
 	if r.log != nil {
@@ -334,20 +338,25 @@ func (r *chaosRun) send(i, kind, to, size int) error {
 		defer mu.(*sync.Mutex).Unlock()
 	}
 	var ups uint64
+	var downs []int
 	if r.groupfc {
 		rec := r.recs[i]
+		r.mu.Lock()
+		chs := slices.Clone(r.chs)
+		r.mu.Unlock()
 		rec.mu.Lock()
-		for j, c := range r.chs {
+		for j, c := range chs {
 			if rec.up[c.Address()] {
 				ups |= 1 << j
 			}
+			downs = append(downs, rec.downs[c.Address()])
 		}
 		rec.mu.Unlock()
 	}
 	r.mu.Lock()
 	seq := r.seqs[k]
 	r.seqs[k]++
-	r.sent = append(r.sent, sentMsg{sender: i, kind: kind, to: to, seq: seq, view: v.ID, ups: ups})
+	r.sent = append(r.sent, sentMsg{sender: i, kind: kind, to: to, seq: seq, view: v.ID, ups: ups, downs: downs})
 	r.mu.Unlock()
 	m := stack.NewMessage(dest, chaosPayload(i, kind, to, seq, size))
 	if kind == kindOOB {
@@ -646,8 +655,14 @@ func (r *chaosRun) reliability(live []int) string {
 		d, err := st.DownEvent(context.Background(), stack.EvGetDigest{})
 		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
 		for _, ps := range st.Stats() {
-			if ps.Protocol == "NAKACK" || ps.Protocol == "STABLE" {
+			if ps.Protocol == "NAKACK" || ps.Protocol == "STABLE" || ps.Protocol == "GROUPFC" {
 				fmt.Fprintf(&b, "\n    %s %v", ps.Protocol, ps.Stats)
+			}
+		}
+		if r.groupfc {
+			// How this member sees every other: state and windows.
+			for _, mi := range mustGroupFC(r.chs[i]).Members() {
+				fmt.Fprintf(&b, "\n    %s: %s window %d advertised %d deferred %d", mi.Addr, mi.State, mi.Window, mi.Advertised, mi.Deferred)
 			}
 		}
 	}
