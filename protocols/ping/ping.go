@@ -128,7 +128,8 @@ func init() {
 		Defaults: DefaultStaticConfig,
 		New:      func(c StaticConfig) (stack.Protocol, error) { return NewStatic(c), nil },
 	})
-	for _, id := range []uint16{stack.IDPING, stack.IDStaticPING} {
+	// DNS_PING (package dnsping) is this layer with resolved hosts: same header.
+	for _, id := range []uint16{stack.IDPING, stack.IDStaticPING, stack.IDDNSPing} {
 		stack.RegisterHeader(stack.HeaderType{ID: id, Name: "PING", Decode: decodeHeader, Samples: sampleHeaders})
 	}
 }
@@ -140,6 +141,9 @@ type Discovery struct {
 	cfg    Config
 	static []netip.AddrPort // STATIC_PING's probe list; nil for PING
 	maxDyn int
+	// resolve, if set, gives the hosts to probe at each request instead of
+	// static (DNS_PING).
+	resolve func(context.Context) []netip.AddrPort
 
 	mu      sync.Mutex
 	rounds  map[*round]struct{}
@@ -171,6 +175,15 @@ func NewStatic(c StaticConfig) *Discovery {
 	hosts, _ := ParseHosts(c.InitialHosts, c.PortRange)
 	return &Discovery{name: "STATIC_PING", static: hosts, maxDyn: c.MaxDynamic,
 		cfg: Config{Timeout: c.Timeout, BreakOnCoord: c.BreakOnCoord, Runs: c.Runs}}
+}
+
+// NewResolving returns a discovery layer named name that probes the
+// addresses resolve returns, asked again at every request (DNS_PING
+// resolving a name): an address that is no longer returned is no longer
+// probed. Members that contact it are not remembered beyond what resolve
+// returns.
+func NewResolving(name string, cfg Config, resolve func(context.Context) []netip.AddrPort) *Discovery {
+	return &Discovery{name: name, cfg: cfg, resolve: resolve}
 }
 
 // Name returns "PING" or "STATIC_PING".
@@ -259,12 +272,15 @@ func (d *Discovery) FindMembers(ctx context.Context, timeout time.Duration, brea
 // probed host). A non-zero target asks only that member to answer.
 func (d *Discovery) sendRequest(target stack.Address) {
 	h := &Header{Type: typeRequest, Info: d.self(), Target: target}
-	if d.static == nil {
+	if d.static == nil && d.resolve == nil {
 		d.reqSent.Add(1)
 		d.send(stack.Address{}, h)
 		return
 	}
 	hosts := append([]netip.AddrPort(nil), d.static...)
+	if d.resolve != nil {
+		hosts = d.resolve(d.Context())
+	}
 	d.mu.Lock()
 	for ap := range d.dynamic {
 		hosts = append(hosts, ap)
