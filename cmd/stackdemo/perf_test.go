@@ -113,7 +113,8 @@ func TestPerfJoinAcrossProcesses(t *testing.T) {
 func TestPerfRpcOnEveryShippedConfig(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("..", "..", "configs", "*.toml"))
 	require.NoError(t, err)
-	require.Len(t, files, 8)
+	require.Len(t, files, 9)
+	setTLSFiles(t)
 	t.Setenv("STRATA_ENCRYPT_KEY", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff")
 	t.Setenv("STRATA_AUTH_SECRET", "rpc-test-secret-of-32-bytes-long")
 	for _, f := range files {
