@@ -151,3 +151,20 @@ func TestKilledMemberIsExcludedAndRestartOnSamePortRejoins(t *testing.T) {
 			"member %d hears from all three", i)
 	}
 }
+
+// TestConfigErrorsNameFileLineAndKey: a bad TCP value is reported with the
+// file, the line and the key.
+func TestConfigErrorsNameFileLineAndKey(t *testing.T) {
+	for _, c := range []struct{ line, want string }{
+		{`send_queue_size = 0`, `bad.toml:4: TCP: send_queue_size: must be > 0, got 0`},
+		{`max_bundle_size = "32MB"`, `bad.toml:4: TCP: max_bundle_size: must be between 1KB and 16MB`},
+		{`peer_addr_read_timeout = "0s"`, `bad.toml:4: TCP: peer_addr_read_timeout: must be > 0`},
+		{`tls = true`, `bad.toml:1: TCP: tls_cert_file: must be set when tls = true`}, // the key is missing: the section's line
+		{`conn_expiry_timeout = "-1s"`, `bad.toml:4: TCP: conn_expiry_timeout: must be >= 0`},
+	} {
+		src := "[[protocol]]\ntype = \"TCP\"\nbind_addr = \"127.0.0.1\"\n" + c.line + "\n"
+		_, err := stack.ParseConfig("bad.toml", []byte(src))
+		require.Error(t, err, c.line)
+		require.Contains(t, err.Error(), c.want)
+	}
+}
