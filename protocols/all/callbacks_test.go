@@ -129,6 +129,7 @@ func (h *hook) maybe(cb int, peer stack.Address) {
 		h.r.mu.Lock()
 		h.r.dead[h.self] = true
 		h.r.leaver = h.self
+		h.r.noteLeftTo(h.self)
 		h.r.mu.Unlock()
 		h.r.stop(h.self)
 		h.err = ch.Disconnect(ctx)

@@ -254,6 +254,10 @@ type chaosRun struct {
 	groupfc bool
 	prepare func(ch *stack.Channel)
 	leaver  int       // scenario C: the member that left gracefully
+	// leftTo: the members that had the leaver in their view, and were in
+	// its view, when it left: its LEAVE goes to them (the others lost it
+	// earlier, in another subgroup, and saw it DOWN then).
+	leftTo map[int]bool
 	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
 	ucastMu sync.Map  // member -> *sync.Mutex: see send
 }
@@ -707,9 +711,22 @@ func (r *chaosRun) stopAll() {
 func (r *chaosRun) leave(i int) {
 	r.mu.Lock()
 	r.dead[i] = true
+	r.noteLeftTo(i)
 	r.mu.Unlock()
 	r.stop(i)
 	r.require(r.chs[i].Disconnect(context.Background()) == nil, "%s could not leave", stacktest.Names[i])
+}
+
+// noteLeftTo records whom member i's LEAVE goes to (leftTo); callers hold
+// r.mu.
+func (r *chaosRun) noteLeftTo(i int) {
+	r.leftTo = map[int]bool{}
+	lv := r.chs[i].View()
+	for j, ch := range r.chs {
+		if v := ch.View(); j != i && v.Contains(r.chs[i].Address()) && lv.Contains(ch.Address()) {
+			r.leftTo[j] = true
+		}
+	}
 }
 
 func (r *chaosRun) close() {

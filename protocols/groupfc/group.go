@@ -86,6 +86,12 @@ type member struct {
 	// prev: the incarnation before this one, while it still delivers; this
 	// one's queue waits for it (its DOWN comes before this one's UP).
 	prev *member
+	// inc numbers this member's incarnations of the peer (sent in its
+	// JOINs); peerInc is the peer's incarnation of this member that this
+	// one is paired with (0: no JOIN yet). A JOIN with a higher number is
+	// a new incarnation, the same number a late or crossing JOIN of this
+	// one, a lower number stale.
+	inc, peerInc uint64
 
 	// Sending side.
 	window     int // blocks we may still send to it
@@ -136,9 +142,10 @@ type group struct {
 	maxUnread int // blocks a sender may have unread here; beyond, its data is dropped (0: no bound)
 
 	members map[stack.Address]*member
-	// joinSeen: per member, the sync point of its latest JOIN taken; an
-	// older JOIN that comes later is stale (staleJoins).
-	joinSeen map[stack.Address]uint64
+	// incs: per peer, the number of this member's latest incarnation of
+	// it; incSeen: per peer, the highest incarnation number its JOINs
+	// carried (a lower one is stale: staleJoins).
+	incs, incSeen map[stack.Address]uint64
 	// retired: members removed while their ready queue still delivers; a
 	// next incarnation of the same address queues behind them (prev).
 	retired   map[stack.Address]*member
@@ -157,7 +164,7 @@ type group struct {
 	nready []*member
 
 	reclaims, remits, acks  int64
-	staleJoins              int64 // JOINs of an earlier incarnation, or replies to one already taken
+	staleJoins              int64 // JOINs of an earlier incarnation, late
 	overruns                int64 // data beyond what was advertised (a sender broke the window)
 	overrunDrops            int64 // data dropped: beyond maxUnread
 	activePeak              int
@@ -166,7 +173,7 @@ type group struct {
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
 	return &group{self: self, instance: instance, loopback: loopback, events: events, maxActive: maxActive,
-		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, joinSeen: map[stack.Address]uint64{}, bcSndNxt: 1}
+		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, incs: map[stack.Address]uint64{}, incSeen: map[stack.Address]uint64{}, bcSndNxt: 1}
 }
 
 // limits returns max_active and the reclaim limit.
@@ -182,7 +189,7 @@ func (g *group) send(m *member, typ uint8) {
 	h := &Header{Type: typ}
 	switch typ {
 	case typeJoin:
-		h.Seqno, h.Instance = g.bcSndNxt, g.instance
+		h.Seqno, h.Instance, h.Inc = g.bcSndNxt, g.instance, m.inc
 		h.N = uint64(g.advance(m))
 	case typeLeave:
 		h.Seqno = g.bcSndNxt
@@ -300,7 +307,8 @@ func (g *group) decrActive(m *member) {
 // create adds a member in state st, after the incarnation of a that is
 // still delivering, if any.
 func (g *group) create(a stack.Address, st State) *member {
-	m := &member{addr: a, state: st}
+	g.incs[a]++
+	m := &member{addr: a, state: st, inc: g.incs[a]}
 	if r := g.retired[a]; r != nil {
 		delete(g.retired, a)
 		if r.delivering || len(r.ready) > 0 {
@@ -408,21 +416,21 @@ func (g *group) queueEvent(m *member, up, graceful bool, seqno uint64) {
 func (g *group) handleProto(src stack.Address, h *Header) {
 	m := g.members[src]
 	if h.Type == typeJoin {
-		if h.Seqno < g.joinSeen[src] || m != nil && !m.deleted && h.Seqno < m.bcRcvNxt {
-			// Sent before a later JOIN of the same member, or before
-			// broadcasts of it already taken (its sync point is lower: a
-			// member's broadcast seqno only grows), and late: an earlier
-			// incarnation's, whose connection was repaired after the
-			// later one's. Taken, it would start the member below
-			// broadcasts already delivered.
+		if h.Inc < g.incSeen[src] || m != nil && h.Inc < m.peerInc {
+			// A JOIN of an earlier incarnation of this member here, late
+			// (its connection was repaired after a later one's). Taken,
+			// it would start the member below broadcasts already
+			// delivered, and its answer would start another.
 			g.staleJoins++
 			return
 		}
-		g.joinSeen[src] = h.Seqno
+		g.incSeen[src] = h.Inc
 	}
 	if m != nil && (m.deleted || m.state == Leaving) && h.Type == typeJoin {
-		// Its next incarnation: kept until this one is gone.
-		m.rejoin = h
+		if h.Inc > m.peerInc {
+			// Its next incarnation: kept until this one is gone.
+			m.rejoin = h
+		}
 		return
 	}
 	if m != nil && (m.deleted || m.state == Leaving) && h.Type != typeLeave {
@@ -430,30 +438,31 @@ func (g *group) handleProto(src stack.Address, h *Header) {
 	}
 	switch h.Type {
 	case typeJoin:
+		if m != nil && m.peerInc != 0 && h.Inc == m.peerInc {
+			// Another JOIN of the incarnation this one is paired with: the
+			// answer to this member's JOIN, or the JOIN itself overtaken
+			// by that answer (INTERNAL messages run on parallel workers).
+			// Its window counts, as an ADV's would.
+			m.window += int(h.N)
+			g.open(m)
+			return
+		}
 		if m != nil && m.state != Joining && m.state != Published {
-			if h.Reply {
-				// An answer to a JOIN of a new incarnation that this
-				// member has already taken in (the JOINs crossed).
-				g.staleJoins++
-				return
-			}
-			// A JOIN from a member joined here: a view of its left this
-			// member out and it has come back (a merge). Its earlier
-			// incarnation ended there, with what it had not yet sent
-			// here; it ends here too (DOWN after what it can still
-			// deliver), and a new one begins: in the view, so JOINED
-			// once this member's JOIN (a reply) goes.
+			// A JOIN of a new incarnation from a member joined here: a
+			// view of its left this member out and it has come back (a
+			// merge). Its earlier incarnation ended there, with what it
+			// had not yet sent here; it ends here too (DOWN after what it
+			// can still deliver), and a new one begins, in the view:
+			// JOINED below, with a JOIN back.
 			g.toLeaving(m)
 			g.lost(m)
 			m = g.create(src, Published)
 			g.updateMember(m, 0)
-			g.send(m, typeJoin)
-			g.out[len(g.out)-1].h.Reply = true
 		}
 		if m == nil {
 			m = g.create(src, Joining)
 		}
-		m.instance = h.Instance
+		m.instance, m.peerInc = h.Instance, h.Inc
 		m.bcSyncpt = h.Seqno
 		m.bcRcvNxt = h.Seqno
 		// Added, not set: an ADV sent after the JOIN may be handled first
@@ -467,7 +476,16 @@ func (g *group) handleProto(src stack.Address, h *Header) {
 		}
 		m.state = Joined
 		g.open(m)
-		g.send(m, typeAdv)
+		if h.Reply {
+			g.send(m, typeAdv)
+		} else {
+			// Answered with a JOIN, marked as a reply, not an ADV: the
+			// JOIN this member sent when the peer appeared may have gone
+			// to an earlier incarnation of it (one that its view then
+			// dropped), and this one would wait for a JOIN for ever.
+			g.send(m, typeJoin)
+			g.out[len(g.out)-1].h.Reply = true
+		}
 		g.queueEvent(m, true, false, m.bcSyncpt)
 		g.admitEarly(m)
 	case typeLeave:
@@ -551,7 +569,9 @@ func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
 		m.early = append(m.early, earlyData{h, msg})
 		return true
 	}
-	if m == nil || m.deleted || !m.isSender() {
+	if m == nil || m.deleted || !m.isSender() || m.state == Leaving && m.peerInc == 0 {
+		// (LEAVING without a JOIN: it left the view before it joined
+		// here, never UP; what it sends is for a later incarnation.)
 		return false
 	}
 	if (h.Type == typeBcast || h.Type == typeMcast) && h.Seqno < m.bcRcvNxt {

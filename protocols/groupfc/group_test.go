@@ -488,7 +488,7 @@ func TestLostMemberIsDownAtOnceAndRejoinsFresh(t *testing.T) {
 	require.Equal(t, 1, a.bcAckers, "B left broadcast accounting")
 	h.settle()
 	require.False(t, a.bcCong(1))
-	a.handleProto(h.a("B"), &Header{Type: typeJoin, Seqno: 1, Instance: 2, N: 65})
+	a.handleProto(h.a("B"), &Header{Type: typeJoin, Seqno: 1, Instance: 2, N: 65, Inc: 2})
 	h.after("A")
 	require.Equal(t, Joining, h.m("A", "B").state, "a rejoin is a fresh member")
 }
@@ -975,20 +975,70 @@ func TestLateJoinOfAnEarlierIncarnationIsIgnored(t *testing.T) {
 	require.Equal(t, []string{"A:bcast3"}, h.n("B").got)
 }
 
-// A JOIN of a new incarnation that reaches a member JOINED here is
-// answered with a JOIN marked as a reply; a reply that reaches a member
-// that has the sender JOINED already (the JOINs crossed) starts nothing.
-func TestJoinRepliesNeverStartAnIncarnation(t *testing.T) {
+// A JOIN of the incarnation a member is paired with already (its
+// reply, which crossed this member's, or the JOIN overtaken by the reply:
+// INTERNAL messages run on parallel workers) adds its window and starts
+// nothing; before incarnation numbers, a reply taken as a new incarnation
+// was answered by another, without end.
+func TestJoinOfTheSameIncarnationOnlyAddsItsWindow(t *testing.T) {
 	h := newHarness(t, 0, "A", "B")
 	joinAll(h, "A", "B")
 	b := h.n("B").g
-	b.handleProto(h.a("A"), &Header{Type: typeJoin, Seqno: h.n("A").g.bcSndNxt, Instance: 1, N: advIdle})
+	m := h.m("B", "A")
+	w := m.window
+	b.handleProto(h.a("A"), &Header{Type: typeJoin, Seqno: h.n("A").g.bcSndNxt, Instance: 1, N: 7, Reply: true, Inc: h.m("A", "B").inc})
 	h.after("B")
-	out := h.uni[[2]stack.Address{h.a("B"), h.a("A")}]
-	require.NotEmpty(t, out)
-	require.True(t, out[0].h.Type == typeJoin && out[0].h.Reply, "B answers with a reply: %v", out[0].h)
 	h.settleWithin(100)
-	require.Equal(t, Joined, h.m("A", "B").state)
-	require.Equal(t, Joined, h.m("B", "A").state)
-	require.Equal(t, int64(1), h.n("A").g.staleJoins, "A had B JOINED: the reply was not taken")
+	require.Same(t, m, h.m("B", "A"), "the same incarnation")
+	require.Equal(t, w+7, m.window)
+	require.Empty(t, h.n("B").got)
+}
+
+// A joins H; H's JOIN back is lost with its connection when H's view drops
+// A, and H's next view has A again: H's new incarnation of A sends a new
+// JOIN, to which A, which had H PUBLISHED all along (its own JOIN went to
+// H's earlier incarnation), must answer with a JOIN, not an ADV, or H
+// waits for one for ever (seen in scenario E: H saw A PUBLISHED, A saw H
+// ACTIVE with window 0, and A's broadcasts stopped).
+func TestJoinToAnEarlierIncarnationIsAnsweredAgain(t *testing.T) {
+	h := newHarness(t, 0, "A", "H")
+	a, hh := h.n("A").g, h.n("H").g
+	a.published(h.a("H"))
+	h.after("A")
+	require.True(t, h.step("A", "H", false)) // H takes A's JOIN: JOINING
+	hh.published(h.a("A"))                   // H's view has A: JOINED, JOIN back
+	h.after("H")
+	h.uni[[2]stack.Address{h.a("H"), h.a("A")}] = nil // lost with its connection
+	hh.withdrawn(h.a("A"), false)
+	h.after("H")
+	hh.lost(h.m("H", "A")) // leave_timeout
+	h.after("H")
+	require.Nil(t, h.m("H", "A"))
+	hh.published(h.a("A")) // back in H's view
+	h.after("H")
+	h.settleWithin(100)
+	require.Equal(t, Joined, h.m("A", "H").state)
+	require.Equal(t, Joined, h.m("H", "A").state, "H got a JOIN of A for its new incarnation")
+	require.True(t, h.bcast("A", 10), "A may broadcast to H")
+}
+
+// A member that leaves the view before its JOIN came here was never UP:
+// its data is not delivered, before or at its end (seen in scenario E: A
+// delivered a message from D with no UP before it, when D's broadcast
+// reached A after A's view had dropped D again).
+func TestDataFromAMemberThatNeverJoinedIsNotDelivered(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	a := h.n("A").g
+	a.published(h.a("B"))
+	h.after("A")
+	a.withdrawn(h.a("B"), false)
+	h.after("A")
+	msg := func(seq uint64) *stack.Message {
+		hd := &Header{Type: typeBcast, Seqno: seq}
+		return stack.NewMessage(h.a("A"), make([]byte, 10)).PutHeader(stack.IDGROUPFC, hd)
+	}
+	require.False(t, a.data(h.a("B"), msg(5).Header(stack.IDGROUPFC).(*Header), msg(5)), "not taken")
+	a.lost(h.m("A", "B"))
+	h.after("A")
+	require.Empty(t, h.n("A").got)
 }

@@ -42,10 +42,13 @@ const maxWindow = 1 << 24
 type Header struct {
 	Type   uint8
 	AckReq bool // BCAST, MCAST: the receiver answers with ACK
-	// Reply: a JOIN that answers the peer's JOIN of a new incarnation
-	// (sent by a member that had the peer JOINED): it never starts one
-	// itself, so two members cannot answer each other's JOINs for ever.
-	Reply    bool
+	// Reply: a JOIN that answers the peer's JOIN (the one this member
+	// sent when the peer appeared may have gone to an earlier incarnation
+	// of it); a reply is answered by an ADV, never by another JOIN.
+	Reply bool
+	// Inc: JOIN: the sender's incarnation number of the receiver (see
+	// member.inc); a JOIN of a higher number is a new incarnation.
+	Inc      uint64
 	Seqno    uint64 // data: broadcast seqno; JOIN, LEAVE: sync point
 	Instance uint64 // MCAST: target instance; JOIN: the joiner's instance
 	N        uint64 // JOIN, ADV: window; ACK: acked; REMIT: remitted
@@ -60,14 +63,18 @@ func (h *Header) Kind() string {
 }
 
 func (h *Header) String() string {
-	return fmt.Sprintf("GROUPFC %s seqno=%d inst=%d n=%d ack=%t reply=%t", h.Kind(), h.Seqno, h.Instance, h.N, h.AckReq, h.Reply)
+	return fmt.Sprintf("GROUPFC %s seqno=%d inst=%d n=%d ack=%t reply=%t inc=%d", h.Kind(), h.Seqno, h.Instance, h.N, h.AckReq, h.Reply, h.Inc)
 }
 
 func isData(t uint8) bool { return t == typeBcast || t == typeMcast || t == typeUcast }
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return 2 + wire.UvarintSize(h.Seqno) + wire.UvarintSize(h.Instance) + wire.UvarintSize(h.N)
+	n := 2 + wire.UvarintSize(h.Seqno) + wire.UvarintSize(h.Instance) + wire.UvarintSize(h.N)
+	if h.Type == typeJoin {
+		n += wire.UvarintSize(h.Inc)
+	}
+	return n
 }
 
 // AppendTo appends the encoding.
@@ -82,13 +89,20 @@ func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type, flags)
 	b = wire.AppendUvarint(b, h.Seqno)
 	b = wire.AppendUvarint(b, h.Instance)
-	return wire.AppendUvarint(b, h.N)
+	b = wire.AppendUvarint(b, h.N)
+	if h.Type == typeJoin {
+		b = wire.AppendUvarint(b, h.Inc)
+	}
+	return b
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8()}
 	flags := r.Uint8()
 	h.Seqno, h.Instance, h.N = r.Uvarint(), r.Uvarint(), r.Uvarint()
+	if h.Type == typeJoin {
+		h.Inc = r.Uvarint()
+	}
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
@@ -107,7 +121,7 @@ func decodeHeader(r *wire.Reader) (stack.Header, error) {
 func sampleHeaders() []stack.Header {
 	return []stack.Header{
 		&Header{Type: typeBcast, Seqno: 7, AckReq: true}, &Header{Type: typeMcast, Seqno: 8, Instance: 3},
-		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65}, &Header{Type: typeJoin, Seqno: 5, Reply: true},
+		&Header{Type: typeUcast, Seqno: 9}, &Header{Type: typeJoin, Seqno: 1, Instance: 42, N: 65, Inc: 1}, &Header{Type: typeJoin, Seqno: 5, Reply: true, Inc: 3},
 		&Header{Type: typeLeave, Seqno: 12}, &Header{Type: typeAdv, N: 780}, &Header{Type: typeAck, N: 13},
 		&Header{Type: typeReclaim}, &Header{Type: typeRemit, N: 65}, &Header{Type: typeLeaveAck},
 	}
