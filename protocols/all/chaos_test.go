@@ -253,11 +253,11 @@ type chaosRun struct {
 	// runs on each member before it connects.
 	groupfc bool
 	prepare func(ch *stack.Channel)
-	leaver  int       // scenario C: the member that left gracefully
+	leaver  int // scenario C: the member that left gracefully
 	// leftTo: the members that had the leaver in their view, and were in
 	// its view, when it left: its LEAVE goes to them (the others lost it
 	// earlier, in another subgroup, and saw it DOWN then).
-	leftTo map[int]bool
+	leftTo  map[int]bool
 	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
 	ucastMu sync.Map  // member -> *sync.Mutex: see send
 }
