@@ -12,6 +12,9 @@
 #   mc4x4       4 members in one process, all sending, multicast: total
 #   uc2         2 members in one process, unicast to each other: mean per member
 #
+# STACK=tcp runs configs/tcp.toml against JGroups 5's stock tcp.xml instead
+# of configs/udp.toml against udp.xml (JGroups 5 only).
+#
 # JGroups comes from ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to
 # override); it is used from there, never copied here. JGROUPS=2.12 runs
 # Debian's JGroups 2.12 (libjgroups-java) through bench/jgroups212 instead
@@ -26,6 +29,10 @@ if [ "${JGROUPS:-5}" = 2.12 ]; then
   # driver, bench/jgroups212 (one JVM; no -join shape).
   jg=$root/bench/jgroups212/run.sh
   label=jgroups2.12
+fi
+scfg=() jcfg=()
+if [ "${STACK:-udp}" = tcp ]; then
+  scfg=(-config "$root/configs/tcp.toml") jcfg=(-config tcp.xml) label=$label-tcp
 fi
 runs=${RUNS:-5}
 shapes=${SHAPES:-mc2x1 mc2x1-join mc4x4 uc2}
@@ -84,18 +91,19 @@ run_strata() {
     port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     addr=$(python3 -c 'import random; print("239.%d.%d.%d" % (random.randint(1,250), random.randint(0,255), random.randint(1,254)))')
     export STRATA_MCAST_PORT=$port STRATA_MCAST_ADDR=$addr STRATA_BIND_PORT=$((20000 + RANDOM % 20000))
+    export STRATA_INITIAL_HOSTS=127.0.0.1:$STRATA_BIND_PORT
     # shellcheck disable=SC2086
-    "$bin" perf -join $f -json > "$out.0" &
+    "$bin" perf -join $f "${scfg[@]}" -json > "$out.0" &
     local p0=$!
     sleep 0.5
     # shellcheck disable=SC2086
-    "$bin" perf -join $f -json > "$out.1"
+    "$bin" perf -join $f "${scfg[@]}" -json > "$out.1"
     wait $p0
-    unset STRATA_MCAST_PORT STRATA_MCAST_ADDR STRATA_BIND_PORT
+    unset STRATA_MCAST_PORT STRATA_MCAST_ADDR STRATA_BIND_PORT STRATA_INITIAL_HOSTS
     strata_metric "$shape" "$out.0" "$out.1"
   else
     # shellcheck disable=SC2086
-    "$bin" perf $f -json > "$out"
+    "$bin" perf $f "${scfg[@]}" -json > "$out"
     strata_metric "$shape" "$out"
   fi
 }
@@ -105,10 +113,10 @@ run_jgroups() {
   f=$(flags "$shape")
   if [ "$shape" = mc2x1-join ]; then
     # shellcheck disable=SC2086
-    "$jg" -join $f -window 0 > "$out" 2>&1 || true
+    "$jg" -join $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
   else
     # shellcheck disable=SC2086
-    "$jg" $f -window 0 > "$out" 2>&1 || true
+    "$jg" $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
   fi
   jgroups_metric "$shape" "$out"
 }
