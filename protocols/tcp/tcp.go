@@ -43,6 +43,7 @@ type TCP struct {
 	cfg Config
 
 	bindIP netip.Addr
+	dialFn func(ctx context.Context, d *net.Dialer, addr string) (net.Conn, error)
 	ln     net.Listener
 	local  netip.AddrPort
 	tlsr   *tlsReloader
@@ -102,6 +103,13 @@ func (t *TCP) Name() string { return "TCP" }
 
 // Config returns the transport's configuration.
 func (t *TCP) Config() Config { return t.cfg }
+
+// SetDial replaces how connections to peers are made (d.DialContext to
+// addr by default), before Connect: tests whose members live in network
+// namespaces dial from inside theirs.
+func (t *TCP) SetDial(dial func(ctx context.Context, d *net.Dialer, addr string) (net.Conn, error)) {
+	t.dialFn = dial
+}
 
 // PhysicalAddress returns the listening socket's address (valid once
 // started).
@@ -330,8 +338,14 @@ func (t *TCP) setSockOpts(nc net.Conn) {
 func (t *TCP) dial(p *peer) *conn {
 	ctx, cancel := context.WithTimeout(t.Context(), t.cfg.ConnTimeout)
 	defer cancel()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: t.bindIP.AsSlice()}, KeepAlive: t.cfg.KeepAlive}
-	raw, err := d.DialContext(ctx, "tcp4", p.addr.String())
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: t.bindIP.AsSlice()}, KeepAlive: t.cfg.KeepAlive}
+	var raw net.Conn
+	var err error
+	if t.dialFn != nil {
+		raw, err = t.dialFn(ctx, d, p.addr.String())
+	} else {
+		raw, err = d.DialContext(ctx, "tcp4", p.addr.String())
+	}
 	if err != nil {
 		t.dialFailures.Add(1)
 		return nil
