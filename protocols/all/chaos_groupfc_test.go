@@ -107,8 +107,9 @@ func scenarioC(t *testing.T, seed uint64) {
 //     while it is UP (a member left out of a view and merged back is DOWN
 //     and UP again: a new incarnation);
 //   - a survivor that crashed or left is DOWN at every survivor in the
-//     end, with Graceful set only for the one that left, at the members
-//     it left (see leftTo); a member that stays is UP at every survivor in
+//     end, with Graceful set only for the one that left, and set for it
+//     at the members it left (leftTo: the others may have lost it before,
+//     in another subgroup); a member that stays is UP at every survivor in
 //     the end;
 //   - every message a survivor sent to another survivor while it saw that
 //     member UP is delivered, unless the sender saw it DOWN afterwards
@@ -149,8 +150,13 @@ func (r *chaosRun) checkGroup() {
 					how = "left"
 				}
 				r.require(!up, "member %s: %s %s but is never DOWN: %v", stacktest.Names[i], stacktest.Names[j], how, abbreviate(seq))
-				want := map[bool]string{true: "DOWN(left)", false: "DOWN"}[j == r.leaver && r.leftTo[i]]
-				r.require(seq[len(seq)-1] == want, "member %s: %s %s, but its event is %s", stacktest.Names[i], stacktest.Names[j], how, seq[len(seq)-1])
+				last := seq[len(seq)-1]
+				switch {
+				case j != r.leaver:
+					r.require(last == "DOWN", "member %s: %s %s, but its event is %s", stacktest.Names[i], stacktest.Names[j], how, last)
+				case r.leftTo[i]:
+					r.require(last == "DOWN(left)", "member %s: %s %s, but its event is %s", stacktest.Names[i], stacktest.Names[j], how, last)
+				}
 			}
 			if !r.dead[j] {
 				r.require(up, "member %s: %s stays but is not UP: %v", stacktest.Names[i], stacktest.Names[j], abbreviate(seq))

@@ -666,7 +666,7 @@ func (r *chaosRun) reliability(live []int) string {
 		if r.groupfc {
 			// How this member sees every other: state and windows.
 			for _, mi := range mustGroupFC(r.chs[i]).Members() {
-				fmt.Fprintf(&b, "\n    %s: %s window %d advertised %d deferred %d", mi.Addr, mi.State, mi.Window, mi.Advertised, mi.Deferred)
+				fmt.Fprintf(&b, "\n    %s: %s window %d advertised %d deferred %d (next %d, head waits for %d)", mi.Addr, mi.State, mi.Window, mi.Advertised, mi.Deferred, mi.NextBroadcast, mi.Waiting)
 			}
 		}
 	}

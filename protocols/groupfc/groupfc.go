@@ -364,6 +364,10 @@ type MemberInfo struct {
 	Window     int // blocks this member may still send to it
 	Advertised int // blocks granted to it and not yet read
 	Deferred   int // messages waiting in order
+	// NextBroadcast is the broadcast seqno expected from it next, and
+	// Waiting the seqno the head of its deferred queue waits for (0: none):
+	// a queue that does not move names the gap.
+	NextBroadcast, Waiting uint64
 }
 
 // Members returns every known member, in address order.
@@ -375,7 +379,11 @@ func (p *GroupFC) Members() []MemberInfo {
 	}
 	var out []MemberInfo
 	for _, m := range p.g.members {
-		out = append(out, MemberInfo{Addr: m.addr, Instance: m.instance, State: m.state, Window: m.window, Advertised: m.advertised, Deferred: len(m.deferred)})
+		mi := MemberInfo{Addr: m.addr, Instance: m.instance, State: m.state, Window: m.window, Advertised: m.advertised, Deferred: len(m.deferred), NextBroadcast: m.bcRcvNxt}
+		if len(m.deferred) > 0 {
+			mi.Waiting = m.deferred[0].seqno
+		}
+		out = append(out, mi)
 	}
 	slices.SortFunc(out, func(a, b MemberInfo) int { return a.Addr.Compare(b.Addr) })
 	return out
