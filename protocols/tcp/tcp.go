@@ -80,6 +80,7 @@ type TCP struct {
 	readErrors      atomic.Int64 `stat:"read_errors"`
 	writeErrors     atomic.Int64 `stat:"write_errors"`
 	acceptErrors    atomic.Int64 `stat:"accept_errors"`
+	droppedFull     atomic.Int64 `stat:"dropped_queue_full"`
 	droppedPeerFull atomic.Int64 `stat:"dropped_peer_queue_full"`
 	droppedUnreach  atomic.Int64 `stat:"dropped_unreachable"`
 	droppedNoPhys   atomic.Int64 `stat:"dropped_no_physical_address"`
@@ -634,7 +635,7 @@ func (t *TCP) Down(ctx context.Context, m *stack.Message) error {
 	drop := t.cfg.DropFull || m.HasTransient(stack.DontBlock)
 	switch err := t.queue.Put(ctx, m, drop, t.Done()); {
 	case errors.Is(err, transport.ErrQueueFull):
-		t.droppedPeerFull.Add(1)
+		t.droppedFull.Add(1)
 		return nil
 	case err != nil:
 		return err
