@@ -146,6 +146,9 @@ type group struct {
 	// it; incSeen: per peer, the highest incarnation number its JOINs
 	// carried (a lower one is stale: staleJoins).
 	incs, incSeen map[stack.Address]uint64
+	// bcDone: per peer, the next broadcast seqno its removed incarnations
+	// had reached; a later incarnation starts there at the earliest.
+	bcDone map[stack.Address]uint64
 	// retired: members removed while their ready queue still delivers; a
 	// next incarnation of the same address queues behind them (prev).
 	retired   map[stack.Address]*member
@@ -173,7 +176,7 @@ type group struct {
 
 func newGroup(self stack.Address, instance uint64, loopback, events bool, maxActive int) *group {
 	return &group{self: self, instance: instance, loopback: loopback, events: events, maxActive: maxActive,
-		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, incs: map[stack.Address]uint64{}, incSeen: map[stack.Address]uint64{}, bcSndNxt: 1}
+		members: map[stack.Address]*member{}, retired: map[stack.Address]*member{}, incs: map[stack.Address]uint64{}, incSeen: map[stack.Address]uint64{}, bcDone: map[stack.Address]uint64{}, bcSndNxt: 1}
 }
 
 // limits returns max_active and the reclaim limit.
@@ -463,8 +466,11 @@ func (g *group) handleProto(src stack.Address, h *Header) {
 			m = g.create(src, Joining)
 		}
 		m.instance, m.peerInc = h.Instance, h.Inc
-		m.bcSyncpt = h.Seqno
-		m.bcRcvNxt = h.Seqno
+		// Not below what an earlier incarnation took: a broadcast sent
+		// after this JOIN may have overtaken it (multicast against
+		// unicast) and been delivered by the incarnation before this one.
+		m.bcSyncpt = max(h.Seqno, g.bcDone[src])
+		m.bcRcvNxt = m.bcSyncpt
 		// Added, not set: an ADV sent after the JOIN may be handled first
 		// (INTERNAL messages run on parallel workers).
 		m.window += int(h.N)
@@ -670,6 +676,7 @@ func (g *group) remove(m *member) {
 	}
 	m.deleted = true
 	delete(g.members, m.addr)
+	g.bcDone[m.addr] = max(g.bcDone[m.addr], m.bcRcvNxt)
 	if m.delivering || len(m.ready) > 0 {
 		g.retired[m.addr] = m
 	}

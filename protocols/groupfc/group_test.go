@@ -1042,3 +1042,27 @@ func TestDataFromAMemberThatNeverJoinedIsNotDelivered(t *testing.T) {
 	h.after("A")
 	require.Empty(t, h.n("A").got)
 }
+
+// A's reply to B's JOIN of a new incarnation goes by unicast and A's next
+// broadcast by multicast: the broadcast reaches B first and B's earlier
+// incarnation of A delivers it. B's new incarnation of A must start after
+// it, not at the reply's sync point, or it waits for it for ever (seen in
+// scenario E: E saw A JOINED, its queue waiting for broadcast 41, which
+// its previous incarnation of A had delivered).
+func TestBroadcastThatOvertookAJoinIsNotAwaitedAgain(t *testing.T) {
+	h := newHarness(t, 0, "A", "B")
+	joinAll(h, "A", "B")
+	a := h.n("A").g
+	// B's view dropped A and has it again: its new incarnation's JOIN.
+	a.handleProto(h.a("B"), &Header{Type: typeJoin, Seqno: h.n("B").g.bcSndNxt, Instance: 2, N: advIdle, Inc: h.m("B", "A").inc + 1})
+	h.after("A")
+	require.Equal(t, Joined, h.m("A", "B").state)
+	a.mandatory = false
+	require.True(t, h.bcast("A", 10))
+	require.True(t, h.step("A", "B", true), "the broadcast first")
+	h.settleWithin(100)
+	a.mandatory = false
+	require.True(t, h.bcast("A", 10))
+	h.settleWithin(100)
+	require.Equal(t, []string{"A:bcast1", "DOWN(A,lost)", "UP(A)", "A:bcast2"}, h.n("B").got)
+}
