@@ -120,7 +120,7 @@ func TestPerfRpcOnEveryShippedConfig(t *testing.T) {
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			if filepath.Base(f) == "kubernetes.toml" {
-				t.Skip("DNS_PING needs a DNS server naming the members (protocols/dnsping's tests start one); this test asks no DNS server")
+				t.Skip("DNS_PING needs a DNS server naming the members (protocols/ping's DNS tests start one); this test asks no DNS server")
 			}
 			code, out, errOut := runCmd("perf", "-config", f, "-members", "3", "-mode", "rpc", "-size", "64", "-count", "300", "-json", "-timeout", "2m")
 			require.Equal(t, 0, code, errOut)

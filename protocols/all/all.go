@@ -8,7 +8,6 @@ import (
 	_ "github.com/strata-go/strata/protocols/compress"
 	_ "github.com/strata-go/strata/protocols/delay"
 	_ "github.com/strata-go/strata/protocols/discard"
-	_ "github.com/strata-go/strata/protocols/dnsping"
 	_ "github.com/strata-go/strata/protocols/encrypt"
 	_ "github.com/strata-go/strata/protocols/fdall"
 	_ "github.com/strata-go/strata/protocols/flush"

@@ -45,6 +45,8 @@ var notShipped = map[uint16]string{
 	stack.IDDISCARD:    "test tool",
 	stack.IDDELAY:      "test tool",
 	stack.IDStaticPING: "udp-nomcast.toml only (fixed member addresses); it sends through PING's code, which sets INTERNAL",
+	stack.IDDNSPing:    "kubernetes.toml only (a DNS name); it sends through PING's code, which sets INTERNAL",
+	stack.IDTCP:        "transport",
 	stack.IDENCRYPT:    "secure.toml only; it wraps whole messages below the other protocols",
 	stack.IDAUTH:       "secure.toml only; it adds its header to GMS's messages",
 	stack.IDCOMPRESS:   "secure.toml only; it carries application data",

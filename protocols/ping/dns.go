@@ -1,10 +1,12 @@
-// Package dnsping is DNS_PING: discovery by resolving a DNS name, the way
-// a Kubernetes headless Service names the pods behind it. Each discovery
+// DNS_PING: discovery by resolving a DNS name, the way a Kubernetes
+// headless Service names the pods behind it. Each discovery
 // request resolves the name again (A/AAAA records with the configured
 // port, or SRV records with their own ports) and probes every address
 // found, as STATIC_PING probes its list; an address whose record is gone
-// is no longer probed. Everything else is PING's (package ping).
-package dnsping
+// is no longer probed. Everything else is PING's: it lives in this package
+// beside STATIC_PING, as a member of the PING family (no protocol package
+// imports another).
+package ping
 
 import (
 	"context"
@@ -17,12 +19,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/strata-go/strata/protocols/ping"
 	"github.com/strata-go/strata/stack"
 )
 
-// Config configures DNS_PING.
-type Config struct {
+// DNSConfig configures DNS_PING.
+type DNSConfig struct {
 	Query        string        `toml:"dns_query" doc:"DNS name to resolve, e.g. the headless Service my-group.my-ns.svc.cluster.local"`
 	RecordType   string        `toml:"dns_record_type" doc:"A (A and AAAA records, each probed at port..port+port_range) or SRV (each target at its record's port)"`
 	Address      string        `toml:"dns_address" doc:"host:port of the DNS server to ask (empty: the system's resolver)"`
@@ -34,13 +35,13 @@ type Config struct {
 	Runs         int           `toml:"num_discovery_runs" doc:"requests sent per round, spread over timeout (each resolves the name again)"`
 }
 
-// DefaultConfig returns DNS_PING's defaults.
-func DefaultConfig() Config {
-	return Config{RecordType: "A", Port: 7800, DNSTimeout: time.Second, Timeout: time.Second, BreakOnCoord: true, Runs: 2}
+// DefaultDNSConfig returns DNS_PING's defaults.
+func DefaultDNSConfig() DNSConfig {
+	return DNSConfig{RecordType: "A", Port: 7800, DNSTimeout: time.Second, Timeout: time.Second, BreakOnCoord: true, Runs: 2}
 }
 
 // Validate checks the config.
-func (c *Config) Validate() error {
+func (c *DNSConfig) Validate() error {
 	switch {
 	case strings.TrimSpace(c.Query) == "":
 		return stack.BadKey("dns_query", "must name the DNS name to resolve")
@@ -58,34 +59,34 @@ func (c *Config) Validate() error {
 			return stack.BadKey("dns_address", "must be ip:port of a DNS server, got %q", c.Address)
 		}
 	}
-	pc := ping.Config{Timeout: c.Timeout, BreakOnCoord: c.BreakOnCoord, Runs: c.Runs}
+	pc := Config{Timeout: c.Timeout, BreakOnCoord: c.BreakOnCoord, Runs: c.Runs}
 	return pc.Validate()
 }
 
 func init() {
-	stack.Register(stack.ProtocolSpec[Config]{
+	stack.Register(stack.ProtocolSpec[DNSConfig]{
 		Name: "DNS_PING", ID: stack.IDDNSPing,
 		Provides: []stack.Service{stack.ServiceDiscovery},
 		Doc:      "discovery by resolving a DNS name (A/AAAA with a port, or SRV) at each round; for Kubernetes headless Services",
-		Defaults: DefaultConfig,
-		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
+		Defaults: DefaultDNSConfig,
+		New:      func(c DNSConfig) (stack.Protocol, error) { return NewDNS(c), nil },
 	})
 }
 
 // DNSPing is the DNS_PING layer: PING's discovery over the addresses a DNS
 // name resolves to.
 type DNSPing struct {
-	*ping.Discovery
+	*Discovery
 	r *resolver
 }
 
 var _ stack.Protocol = (*DNSPing)(nil)
 
 // New returns a DNS_PING layer.
-func New(cfg Config) *DNSPing {
+func NewDNS(cfg DNSConfig) *DNSPing {
 	r := newResolver(cfg)
 	d := &DNSPing{r: r}
-	d.Discovery = ping.NewResolving("DNS_PING", ping.Config{Timeout: cfg.Timeout, BreakOnCoord: cfg.BreakOnCoord, Runs: cfg.Runs}, r.hosts)
+	d.Discovery = NewResolving("DNS_PING", Config{Timeout: cfg.Timeout, BreakOnCoord: cfg.BreakOnCoord, Runs: cfg.Runs}, r.hosts)
 	return d
 }
 
@@ -107,7 +108,7 @@ func (d *DNSPing) Hosts() []netip.AddrPort { return d.r.last() }
 
 // resolver turns the configured name into addresses to probe.
 type resolver struct {
-	cfg Config
+	cfg DNSConfig
 	res *net.Resolver
 
 	mu   sync.Mutex
@@ -118,7 +119,7 @@ type resolver struct {
 	found        atomic.Int64 `stat:"dns_hosts_found"`
 }
 
-func newResolver(cfg Config) *resolver {
+func newResolver(cfg DNSConfig) *resolver {
 	r := &resolver{cfg: cfg, res: net.DefaultResolver}
 	if cfg.Address != "" {
 		addr := cfg.Address
@@ -160,7 +161,7 @@ func (r *resolver) lookup(ctx context.Context) ([]netip.AddrPort, error) {
 	if r.cfg.RecordType == "SRV" {
 		_, srvs, err := r.res.LookupSRV(ctx, "", "", r.cfg.Query)
 		if err != nil && len(srvs) == 0 {
-			return nil, fmt.Errorf("dnsping: SRV %s: %w", r.cfg.Query, err)
+			return nil, fmt.Errorf("DNS_PING: SRV %s: %w", r.cfg.Query, err)
 		}
 		var out []netip.AddrPort
 		for _, s := range srvs {
@@ -176,7 +177,7 @@ func (r *resolver) lookup(ctx context.Context) ([]netip.AddrPort, error) {
 	}
 	ips, err := r.res.LookupNetIP(ctx, "ip", r.cfg.Query)
 	if err != nil {
-		return nil, fmt.Errorf("dnsping: A/AAAA %s: %w", r.cfg.Query, err)
+		return nil, fmt.Errorf("DNS_PING: A/AAAA %s: %w", r.cfg.Query, err)
 	}
 	var out []netip.AddrPort
 	for _, ip := range ips {

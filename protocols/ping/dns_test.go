@@ -1,4 +1,4 @@
-package dnsping_test
+package ping_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	_ "github.com/strata-go/strata/protocols/all"
-	"github.com/strata-go/strata/protocols/dnsping"
+	"github.com/strata-go/strata/protocols/ping"
 	"github.com/strata-go/strata/protocols/tcp"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
@@ -112,7 +112,7 @@ func (d *dnsServer) serve(w dns.ResponseWriter, req *dns.Msg) {
 
 var localhost = netip.MustParseAddr("127.0.0.1")
 
-func freePort(t testing.TB) int {
+func freeTCPPort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -151,7 +151,7 @@ func TestMembersFoundThroughARecords(t *testing.T) {
 	stacktest.CheckLeaks(t)
 	d := startDNS(t)
 	d.setA("group.strata.test.", localhost)
-	port := freePort(t)
+	port := freeTCPPort(t)
 	vars := map[string]string{
 		"STRATA_BIND_PORT":       strconv.Itoa(port),
 		"STRATA_PING_PORT_RANGE": "5",
@@ -177,7 +177,7 @@ func TestMembersFoundThroughSRVRecords(t *testing.T) {
 	var chs []*stack.Channel
 	var cols []*stacktest.Collector
 	for i := range 3 {
-		port := freePort(t)
+		port := freeTCPPort(t)
 		target := fmt.Sprintf("m%d.strata.test.", i)
 		d.setA(target, localhost)
 		ports[target] = uint16(port)
@@ -269,10 +269,10 @@ func TestRemovedRecordIsNoLongerProbed(t *testing.T) {
 
 	tc := tcp.DefaultConfig()
 	tc.BindPort = 0
-	dc := dnsping.DefaultConfig()
+	dc := ping.DefaultDNSConfig()
 	dc.Query, dc.RecordType, dc.Address = name, "SRV", d.addr
 	dc.Timeout = 100 * time.Millisecond
-	dp := dnsping.New(dc)
+	dp := ping.NewDNS(dc)
 	ch, err := stack.New(stack.FromProtocols(tcp.New(tc), dp))
 	require.NoError(t, err)
 	defer ch.Close()
@@ -302,16 +302,16 @@ func TestRemovedRecordIsNoLongerProbed(t *testing.T) {
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
 	for _, c := range []struct {
-		set func(*dnsping.Config)
+		set func(*ping.DNSConfig)
 		key string
 	}{
-		{func(c *dnsping.Config) { c.Query = "" }, "dns_query"},
-		{func(c *dnsping.Config) { c.RecordType = "MX" }, "dns_record_type"},
-		{func(c *dnsping.Config) { c.Address = "resolver" }, "dns_address"},
-		{func(c *dnsping.Config) { c.Port = 0 }, "port"},
-		{func(c *dnsping.Config) { c.DNSTimeout = 0 }, "dns_timeout"},
+		{func(c *ping.DNSConfig) { c.Query = "" }, "dns_query"},
+		{func(c *ping.DNSConfig) { c.RecordType = "MX" }, "dns_record_type"},
+		{func(c *ping.DNSConfig) { c.Address = "resolver" }, "dns_address"},
+		{func(c *ping.DNSConfig) { c.Port = 0 }, "port"},
+		{func(c *ping.DNSConfig) { c.DNSTimeout = 0 }, "dns_timeout"},
 	} {
-		cfg := dnsping.DefaultConfig()
+		cfg := ping.DefaultDNSConfig()
 		cfg.Query = "x.test."
 		c.set(&cfg)
 		err := cfg.Validate()

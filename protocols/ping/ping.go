@@ -128,7 +128,7 @@ func init() {
 		Defaults: DefaultStaticConfig,
 		New:      func(c StaticConfig) (stack.Protocol, error) { return NewStatic(c), nil },
 	})
-	// DNS_PING (package dnsping) is this layer with resolved hosts: same header.
+	// DNS_PING (dns.go) is this layer with resolved hosts: same header.
 	for _, id := range []uint16{stack.IDPING, stack.IDStaticPING, stack.IDDNSPing} {
 		stack.RegisterHeader(stack.HeaderType{ID: id, Name: "PING", Decode: decodeHeader, Samples: sampleHeaders})
 	}
