@@ -439,10 +439,9 @@ func TestMembersLeftOutOfTheirCoordinatorsNewViewMergeBack(t *testing.T) {
 		ms := l.Start(4)
 		old := ms[0].Ch.View()
 		nv := stack.NewView(old.Coordinator(), old.ID.Seq+1, old.Members[0], old.Members[1])
-		var in, out []*grouptest.Member
+		var out []*grouptest.Member
 		for _, m := range ms {
 			if nv.Contains(m.Addr()) {
-				in = append(in, m)
 				require.NoError(t, m.GMS.InstallView(t.Context(), nv))
 			} else {
 				out = append(out, m)
