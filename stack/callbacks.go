@@ -312,8 +312,9 @@ func (cb *callbacks) inApp(e *epoch, rc *Receipt) (end func()) {
 		}
 	}
 	e.inApp.Add(1)
-	if e.active.Load() == e.inApp.Load() || pe != nil && pe.active.Load() == pe.inApp.Load() {
-		// A view waiting for this epoch may start its grace now.
+	if e.closed.Load() && e.active.Load() == e.inApp.Load() || pe != nil && pe.closed.Load() && pe.active.Load() == pe.inApp.Load() {
+		// A view waiting for this epoch (it is closed) may start its
+		// grace now; with none, the delivery path takes no lock here.
 		cb.mu.Lock()
 		cb.idle.Broadcast()
 		cb.mu.Unlock()
