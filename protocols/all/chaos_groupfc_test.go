@@ -82,8 +82,15 @@ func scenarioC(t *testing.T, seed uint64) {
 	r.recs[slow].slow.Store(0)
 	r.net.SetDefault(sim.Rule{})
 	r.settle()
-	// A member that went is DOWN everywhere within leave_timeout (its
-	// LEAVE, or the view, and then the time given to its last messages).
+	r.requireDownEverywhere()
+	r.check()
+}
+
+// requireDownEverywhere waits until a member that went is DOWN at every
+// survivor: within leave_timeout (its LEAVE, or the view, and then the
+// time given to its last messages).
+func (r *chaosRun) requireDownEverywhere() {
+	r.t.Helper()
 	r.require(waitUntil(time.Minute, func() bool {
 		for _, i := range r.alive() {
 			rec := r.recs[i]
@@ -99,7 +106,6 @@ func scenarioC(t *testing.T, seed uint64) {
 		}
 		return true
 	}), "a member that went is not DOWN everywhere after a minute")
-	r.check()
 }
 
 // checkGroup checks GROUPFC's promises at every member that stayed:
@@ -294,21 +300,7 @@ func scenarioE(t *testing.T, seed uint64) {
 	r.recs[slow].slow.Store(0)
 	r.net.SetDefault(sim.Rule{})
 	r.settle()
-	r.require(waitUntil(time.Minute, func() bool {
-		for _, i := range r.alive() {
-			rec := r.recs[i]
-			rec.mu.Lock()
-			for k, ch := range r.chs {
-				seq := rec.bySrc[ch.Address()]
-				if r.dead[k] && len(seq) > 0 && !strings.HasPrefix(seq[len(seq)-1], "DOWN") {
-					rec.mu.Unlock()
-					return false
-				}
-			}
-			rec.mu.Unlock()
-		}
-		return true
-	}), "a member that went is not DOWN everywhere after a minute")
+	r.requireDownEverywhere()
 	r.check()
 }
 
