@@ -158,3 +158,38 @@ func (c *AddrCache) Members(self stack.Address) []stack.Address {
 	}
 	return out
 }
+
+// Event answers the address events every transport answers the same way
+// from its cache c (nil before Start): learn a member's address, list the
+// members known, name a member's address (local for this member, self).
+// A view also updates c but is not taken (handled false): it goes on down.
+func (c *AddrCache) Event(self stack.Address, local netip.AddrPort, ev stack.Event) (result any, handled bool) {
+	switch e := ev.(type) {
+	case stack.EvViewChange:
+		if v := e.View; v != nil && c != nil {
+			c.SetView(v)
+		}
+	case stack.EvAddPhysicalAddress:
+		if c != nil && e.Physical.IsValid() && e.Logical != self {
+			c.Learn(e.Logical, e.Physical)
+		}
+		return nil, true
+	case stack.EvKnownMembers:
+		if c == nil {
+			return nil, true
+		}
+		return c.Members(self), true
+	case stack.EvGetPhysicalAddress:
+		a := e.Member
+		if a.IsZero() || a == self {
+			return local, true
+		}
+		if c != nil {
+			if ce := c.Get(a); ce != nil {
+				return ce.AP, true
+			}
+		}
+		return nil, true
+	}
+	return nil, false
+}

@@ -70,6 +70,10 @@ func readHello(r io.Reader) (netip.AddrPort, error) {
 	}
 	a, _ := netip.AddrFromSlice(buf[:n])
 	port := binary.BigEndian.Uint16(buf[n : n+2])
+	if n == 16 && a.Is4In6() {
+		// One encoding per address: an IPv4 address goes as family 4.
+		return netip.AddrPort{}, fmt.Errorf("%w: IPv4-mapped address %s as family 6", errBadHello, a)
+	}
 	if port == 0 || !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
 		return netip.AddrPort{}, fmt.Errorf("%w: listen address %s:%d", errBadHello, a, port)
 	}

@@ -645,37 +645,14 @@ func (t *TCP) Down(ctx context.Context, m *stack.Message) error {
 
 // DownEvent handles the physical-address events and views.
 func (t *TCP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch e := ev.(type) {
-	case stack.EvViewChange:
-		if v := e.View; v != nil && t.cache != nil {
-			t.cache.SetView(v)
-		}
-	case stack.EvAddPhysicalAddress:
-		if t.cache != nil && e.Physical.IsValid() && e.Logical != t.LocalAddress() {
-			t.cache.Learn(e.Logical, e.Physical)
-		}
-		return nil, nil
-	case stack.EvKnownMembers:
-		if t.cache == nil {
-			return nil, nil
-		}
-		return t.cache.Members(t.LocalAddress()), nil
-	case stack.EvSendToPhysical:
+	if res, ok := t.cache.Event(t.LocalAddress(), t.local, ev); ok {
+		return res, nil
+	}
+	if e, ok := ev.(stack.EvSendToPhysical); ok {
 		if e.Msg == nil || !e.To.IsValid() {
 			return nil, fmt.Errorf("tcp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
 		return nil, t.sendToPhysical(e)
-	case stack.EvGetPhysicalAddress:
-		a := e.Member
-		if a.IsZero() || a == t.LocalAddress() {
-			return t.local, nil
-		}
-		if t.cache != nil {
-			if ce := t.cache.Get(a); ce != nil {
-				return ce.AP, nil
-			}
-		}
-		return nil, nil
 	}
 	return t.PassDownEvent(ctx, ev)
 }

@@ -344,37 +344,14 @@ func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
 
 // DownEvent handles the physical-address events and views.
 func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
-	switch e := ev.(type) {
-	case stack.EvViewChange:
-		if v := e.View; v != nil && u.cache != nil {
-			u.cache.SetView(v)
-		}
-	case stack.EvAddPhysicalAddress:
-		if u.cache != nil && e.Physical.IsValid() && e.Logical != u.LocalAddress() {
-			u.cache.Learn(e.Logical, e.Physical)
-		}
-		return nil, nil
-	case stack.EvKnownMembers:
-		if u.cache == nil {
-			return nil, nil
-		}
-		return u.cache.Members(u.LocalAddress()), nil
-	case stack.EvSendToPhysical:
+	if res, ok := u.cache.Event(u.LocalAddress(), u.local, ev); ok {
+		return res, nil
+	}
+	if e, ok := ev.(stack.EvSendToPhysical); ok {
 		if e.Msg == nil || !e.To.IsValid() {
 			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
 		return nil, u.sendToPhysical(e)
-	case stack.EvGetPhysicalAddress:
-		a := e.Member
-		if a.IsZero() || a == u.LocalAddress() {
-			return u.local, nil
-		}
-		if u.cache != nil {
-			if ce := u.cache.Get(a); ce != nil {
-				return ce.AP, nil
-			}
-		}
-		return nil, nil
 	}
 	return u.PassDownEvent(ctx, ev)
 }
