@@ -289,6 +289,12 @@ func (d *Dispatcher) start(ctx context.Context, dests []stack.Address, call bool
 		f(&o)
 	}
 	r := &request{d: d, call: call, filter: o.filter, done: make(chan struct{})}
+	if err := ctx.Err(); err != nil {
+		// Ended already: nothing is sent (an answer that came at once
+		// would otherwise race with ctx).
+		r.fail(err)
+		return r
+	}
 	v := d.ch.View()
 	if v == nil {
 		r.fail(stack.ErrNotConnected)
