@@ -608,8 +608,14 @@ func TestViewChangeEndsOnlyWhenEveryMemberHasTheView(t *testing.T) {
 		require.NoError(t, c.Ch.Stack().InsertBelow(d, "GMS"))
 		old := c.Ch.View().ID
 		var early atomic.Int32
+		// B's view as its application sees it (the last ViewAccepted), not
+		// b.Ch.View(), which a view passing up reaches before the messages
+		// of the old view still queued for delivery have been delivered.
 		b.r.OnMsg = func(*stack.Message) {
-			if b.Ch.View().ID != old && c.Ch.View().ID == old {
+			b.r.mu.Lock()
+			inView := b.r.view
+			b.r.mu.Unlock()
+			if inView.Compare(old) > 0 && c.Ch.View().ID == old {
 				early.Add(1)
 			}
 		}
