@@ -101,6 +101,7 @@ type Channel struct {
 	stops    sync.WaitGroup
 	stopping atomic.Int32
 	inState  atomic.Int32 // GetState or SetState callbacks running
+	diag     DiagServer   // nil without diag_addr; set by New, closed by Close
 }
 
 type receiverBox struct{ r Receiver }
@@ -320,6 +321,7 @@ func (c *Channel) Close() error {
 	}
 	c.state = chClosed
 	c.mu.Unlock()
+	err = errors.Join(err, c.closeDiag())
 	if inCallback() {
 		c.stopping.Add(1)
 		c.stops.Go(func() {

@@ -60,11 +60,18 @@ func BadKey(key, format string, args ...any) error {
 	return &KeyError{Key: key, Reason: fmt.Sprintf(format, args...)}
 }
 
-// StackConfig is a parsed stack configuration: its protocols, bottom first.
+// StackConfig is a parsed stack configuration: its protocols, bottom
+// first, and the channel settings given by top-level keys (diag_addr).
 type StackConfig struct {
 	File      string
 	Protocols []*ProtocolConfig
+	// DiagAddr is where a channel built from this config serves its
+	// diagnostics (top-level key diag_addr; empty, the default: nowhere).
+	DiagAddr string
 }
+
+// DiagAddrKey is the top-level config key of the diagnostics address.
+const DiagAddrKey = "diag_addr"
 
 // ProtocolConfig is one decoded [[protocol]] table.
 type ProtocolConfig struct {
@@ -114,6 +121,7 @@ func ParseConfigVars(file string, data []byte, vars map[string]string) (*StackCo
 		return nil, err
 	}
 	var doc struct {
+		DiagAddr any              `toml:"diag_addr"`
 		Protocol []toml.Primitive `toml:"protocol"`
 	}
 	md, err := toml.Decode(text, &doc)
@@ -135,6 +143,21 @@ func ParseConfigVars(file string, data []byte, vars map[string]string) (*StackCo
 		sections = make([]section, len(doc.Protocol))
 	}
 	sc := &StackConfig{File: file}
+	if doc.DiagAddr != nil {
+		cerr := func(format string, args ...any) error {
+			return &ConfigError{File: file, Line: topLevelLine(text, DiagAddrKey), Key: DiagAddrKey, Reason: fmt.Sprintf(format, args...)}
+		}
+		addr, ok := doc.DiagAddr.(string)
+		if !ok {
+			return nil, cerr("want a string such as \"127.0.0.1:7900\" (\"\": off), got %v", describe(doc.DiagAddr))
+		}
+		if addr != "" {
+			if err := CheckDiagAddr(addr); err != nil {
+				return nil, cerr("%v", err)
+			}
+		}
+		sc.DiagAddr = addr
+	}
 	for i, prim := range doc.Protocol {
 		pc, err := decodeProtocol(file, md, prim, sections[i], i)
 		if err != nil {
@@ -318,7 +341,9 @@ func decodeProtocol(file string, md toml.MetaData, prim toml.Primitive, sec sect
 		ki, ok := byKey[k]
 		if !ok {
 			reason := "unknown key"
-			if near := nearest(k, valid); near != "" {
+			if k == DiagAddrKey {
+				reason += "; diag_addr is a top-level key: write it above the first [[protocol]]"
+			} else if near := nearest(k, valid); near != "" {
 				reason += fmt.Sprintf("; did you mean %q?", near)
 			}
 			if len(valid) == 0 {

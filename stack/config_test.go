@@ -216,3 +216,35 @@ func FuzzParseSize(f *testing.F) {
 		}
 	})
 }
+
+// TestDiagAddrIsATopLevelKeyCheckedWithItsLine: diag_addr (off when absent)
+// sits above the [[protocol]] tables; a wrong value or a diag_addr inside a
+// protocol's table is an error naming the file, the line and the key.
+func TestDiagAddrIsATopLevelKeyCheckedWithItsLine(t *testing.T) {
+	const sim = "[[protocol]]\ntype = \"SIM\"\nnetwork = \"n\"\n"
+	sc, err := stack.ParseConfig("off.toml", []byte(sim))
+	require.NoError(t, err)
+	require.Empty(t, sc.DiagAddr, "off by default")
+
+	t.Setenv("STRATA_TEST_DIAG", "127.0.0.1:7999")
+	sc, err = stack.ParseConfig("on.toml", []byte("# diagnostics\ndiag_addr = \"${STRATA_TEST_DIAG:}\"\n"+sim))
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:7999", sc.DiagAddr)
+	sc, err = stack.ParseConfig("empty.toml", []byte("diag_addr = \"${STRATA_TEST_DIAG_UNSET:}\"\n"+sim))
+	require.NoError(t, err)
+	require.Empty(t, sc.DiagAddr)
+
+	for src, want := range map[string]string{
+		"\ndiag_addr = 7900\n" + sim:             `bad.toml:2: diag_addr: want a string such as "127.0.0.1:7900" ("": off), got integer 7900`,
+		"diag_addr = \"7900\"\n" + sim:           `bad.toml:1: diag_addr: want host:port`,
+		"diag_addr = \":7900\"\n" + sim:          `bad.toml:1: diag_addr: ":7900" names no host`,
+		"diag_addr = \"127.0.0.1:http\"\n" + sim: `bad.toml:1: diag_addr: port "http" of "127.0.0.1:http" must be a number`,
+		"diag_addr = \"239.1.2.3:7900\"\n" + sim: `bad.toml:1: diag_addr: 239.1.2.3 is a multicast address`,
+		sim + "diag_addr = \"127.0.0.1:7900\"\n": `bad.toml:4: SIM: diag_addr: unknown key; diag_addr is a top-level key: write it above the first [[protocol]]`,
+	} {
+		_, err := stack.ParseConfig("bad.toml", []byte(src))
+		var ce *stack.ConfigError
+		require.ErrorAs(t, err, &ce, src)
+		require.Contains(t, err.Error(), want)
+	}
+}

@@ -42,7 +42,7 @@ func (c *Counter) UpBatch(bt *stack.Batch) {
 
 // Stats reports the counters (stackdemo and Channel.Stats show them).
 func (c *Counter) Stats() []stack.Stat {
-	return []stack.Stat{{Name: "down", Value: c.down.Load()}, {Name: "up", Value: c.up.Load()}}
+	return []stack.Stat{{Name: "down", Value: c.down.Load(), Counter: true}, {Name: "up", Value: c.up.Load(), Counter: true}}
 }
 
 // init registers COUNTER, so that configs can name it (a protocol's
@@ -94,5 +94,5 @@ type = "COUNTER"
 		}
 	}
 	// Output:
-	// [{down 3} {up 3}]
+	// [{down 3 true} {up 3 true}]
 }

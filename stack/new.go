@@ -15,7 +15,7 @@ import (
 type Option func(*options)
 
 type options struct {
-	source   func(vars map[string]string) ([]Protocol, error)
+	source   func(vars map[string]string) (*built, error)
 	sources  int
 	vars     map[string]string
 	name     string
@@ -23,6 +23,14 @@ type options struct {
 	seed     uint64
 	seeded   bool
 	receiver Receiver
+	diag     *string
+}
+
+// built is what a stack option gives New: the layers and the config's
+// diagnostics address.
+type built struct {
+	protos []Protocol
+	diag   string
 }
 
 // FromFile takes the stack from a TOML stack config file.
@@ -38,7 +46,7 @@ func FromFS(fsys fs.FS, path string) Option {
 
 // fromBytes takes the stack from the config read reads, named file.
 func fromBytes(file string, read func() ([]byte, error)) Option {
-	return source(func(vars map[string]string) ([]Protocol, error) {
+	return source(func(vars map[string]string) (*built, error) {
 		data, err := read()
 		if err != nil {
 			return nil, &ConfigError{File: file, Reason: err.Error()}
@@ -47,7 +55,7 @@ func fromBytes(file string, read func() ([]byte, error)) Option {
 		if err != nil {
 			return nil, err
 		}
-		return sc.Build()
+		return buildConfig(sc)
 	})
 }
 
@@ -58,16 +66,24 @@ func Shipped(name string) Option { return FromFS(configs.FS, name) }
 
 // FromConfig takes the stack from a parsed stack config.
 func FromConfig(sc *StackConfig) Option {
-	return source(func(map[string]string) ([]Protocol, error) { return sc.Build() })
+	return source(func(map[string]string) (*built, error) { return buildConfig(sc) })
+}
+
+func buildConfig(sc *StackConfig) (*built, error) {
+	protos, err := sc.Build()
+	if err != nil {
+		return nil, err
+	}
+	return &built{protos: protos, diag: sc.DiagAddr}, nil
 }
 
 // FromProtocols takes the stack from protocols built in code (NewProtocol),
 // transport first.
 func FromProtocols(protos ...Protocol) Option {
-	return source(func(map[string]string) ([]Protocol, error) { return protos, nil })
+	return source(func(map[string]string) (*built, error) { return &built{protos: protos}, nil })
 }
 
-func source(f func(map[string]string) ([]Protocol, error)) Option {
+func source(f func(map[string]string) (*built, error)) Option {
 	return func(o *options) { o.source, o.sources = f, o.sources+1 }
 }
 
@@ -103,11 +119,14 @@ func New(opts ...Option) (*Channel, error) {
 	case o.sources == 0:
 		Shipped(configs.Default)(&o)
 	}
-	protos, err := o.source(o.vars)
+	b, err := o.source(o.vars)
 	if err != nil {
 		return nil, err
 	}
-	st, err := NewStack(protos...)
+	if o.diag != nil {
+		b.diag = *o.diag
+	}
+	st, err := NewStack(b.protos...)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +143,10 @@ func New(opts ...Option) (*Channel, error) {
 	}
 	c.newAddress()
 	if err := st.Init(); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	if err := c.startDiag(b.diag); err != nil {
 		_ = st.Close()
 		return nil, err
 	}

@@ -34,3 +34,18 @@ func TestNewChoosesOneStack(t *testing.T) {
 	require.Equal(t, "SIM", ch.Stack().Protocols()[0].Name())
 	require.NoError(t, ch.Close())
 }
+
+// TestWithDiagNeedsTheDiagPackageAndAnAddress: without package diag in the
+// program, a diagnostics address is an error that says what to import,
+// and a malformed one is refused before anything listens.
+func TestWithDiagNeedsTheDiagPackageAndAnAddress(t *testing.T) {
+	sim := stack.Shipped("sim.toml")
+	_, err := stack.New(sim, stack.WithDiag("127.0.0.1:0"))
+	require.ErrorContains(t, err, `import _ "github.com/strata-go/strata/diag"`)
+	_, err = stack.New(sim, stack.WithDiag("7900"))
+	require.ErrorContains(t, err, "diag_addr: want host:port")
+	ch, err := stack.New(sim, stack.WithDiag(""))
+	require.NoError(t, err)
+	require.Nil(t, ch.DiagAddr())
+	require.NoError(t, ch.Close())
+}

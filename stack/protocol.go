@@ -45,10 +45,13 @@ type StatsReporter interface {
 	Stats() []Stat
 }
 
-// Stat is one named counter or gauge of a protocol.
+// Stat is one named counter or gauge of a protocol. Counter marks a count
+// that only grows (exported as a Prometheus counter); otherwise the value
+// is a gauge: a size, a level or a peak, which may go down.
 type Stat struct {
-	Name  string
-	Value int64
+	Name    string
+	Value   int64
+	Counter bool
 }
 
 // Errors returned by the core.
@@ -94,6 +97,14 @@ type Base struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	stopd  bool
+	built  *builtFrom // the registered type and config it was built from
+}
+
+// builtFrom records the registered type and the config a layer was built
+// from, for Settings.
+type builtFrom struct {
+	t   *ProtocolType
+	cfg any // pointer to the config struct
 }
 
 func (b *Base) base() *Base { return b }

@@ -105,7 +105,14 @@ func Register[C any](s ProtocolSpec[C]) {
 		Name: s.Name, ID: s.ID, Doc: s.Doc, Transport: s.Transport, Keys: keys,
 		Provides: s.Provides, Requires: s.Requires, RequiresAbove: s.RequiresAbove,
 		newConfig: func() any { c := s.Defaults(); return &c },
-		build:     func(c any) (Protocol, error) { return s.New(*c.(*C)) },
+	}
+	t.build = func(c any) (Protocol, error) {
+		cfg := *c.(*C)
+		p, err := s.New(cfg)
+		if err == nil && p != nil {
+			p.base().built = &builtFrom{t: t, cfg: &cfg}
+		}
+		return p, err
 	}
 	regMu.Lock()
 	defer regMu.Unlock()
@@ -188,4 +195,20 @@ func NewProtocol[C any](name string, set func(*C)) (Protocol, error) {
 		set(cfg)
 	}
 	return t.Build(cfg)
+}
+
+// Settings returns every config key of p and its value, in declaration
+// order, for diagnostics; nil when p was not built through the registry
+// (NewProtocol, a config file, ProtocolType.Build).
+func Settings(p Protocol) []Setting {
+	bf := p.base().built
+	if bf == nil {
+		return nil
+	}
+	cur := reflect.ValueOf(bf.cfg).Elem()
+	out := make([]Setting, 0, len(bf.t.Keys))
+	for _, k := range bf.t.Keys {
+		out = append(out, Setting{k.Key, formatValue(cur.FieldByIndex(k.field))})
+	}
+	return out
 }

@@ -23,7 +23,7 @@ func TestCounterStats(t *testing.T) {
 	c.a.Store(3)
 	c.skip.Store(9)
 	c.b.Add(-2)
-	require.Equal(t, []stack.Stat{{Name: "first", Value: 3}, {Name: "second", Value: -2}}, stack.CounterStats(&c))
+	require.Equal(t, []stack.Stat{{Name: "first", Value: 3, Counter: true}, {Name: "second", Value: -2, Counter: true}}, stack.CounterStats(&c))
 	c.a.Add(1)
 	require.Equal(t, int64(4), stack.CounterStats(&c)[0].Value, "read at each call")
 
@@ -31,6 +31,22 @@ func TestCounterStats(t *testing.T) {
 	require.Panics(t, func() {
 		stack.CounterStats(&struct {
 			n int `stat:"n"`
+		}{})
+	})
+}
+
+// TestCounterStatsGaugeTag: a field tagged ",gauge" (a peak) is reported
+// as a gauge, so that exporters do not present it as an ever-growing count.
+func TestCounterStatsGaugeTag(t *testing.T) {
+	var c struct {
+		n    atomic.Int64 `stat:"n"`
+		peak atomic.Int64 `stat:"peak,gauge"`
+	}
+	c.peak.Store(7)
+	require.Equal(t, []stack.Stat{{Name: "n", Value: 0, Counter: true}, {Name: "peak", Value: 7}}, stack.CounterStats(&c))
+	require.Panics(t, func() {
+		stack.CounterStats(&struct {
+			n atomic.Int64 `stat:"n,gauges"`
 		}{})
 	})
 }

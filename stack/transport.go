@@ -97,18 +97,18 @@ func (t *TransportBase) Stats() []Stat {
 	c := &t.counters
 	out := CounterStats(c)
 	if t.st != nil { // in a stack
-		out = append(out, Stat{"queued_bytes_peak", t.st.lanes.peak.Load()})
+		out = append(out, Stat{Name: "queued_bytes_peak", Value: t.st.lanes.peak.Load()})
 		for l := range numLanes {
-			out = append(out, Stat{"dropped_queue_full_" + Lane(l).String(), t.st.lanes.dropped[l].Load()})
+			out = append(out, Stat{Name: "dropped_queue_full_" + Lane(l).String(), Value: t.st.lanes.dropped[l].Load(), Counter: true})
 		}
 	}
 	for l := range numLanes {
 		name := Lane(l).String()
 		out = append(out,
-			Stat{"msgs_sent_" + name, c.LaneMsgsSent[l].Load()},
-			Stat{"bytes_sent_" + name, c.LaneBytesSent[l].Load()},
-			Stat{"msgs_received_" + name, c.LaneMsgsRecv[l].Load()},
-			Stat{"bytes_received_" + name, c.LaneBytesRecv[l].Load()})
+			Stat{Name: "msgs_sent_" + name, Value: c.LaneMsgsSent[l].Load(), Counter: true},
+			Stat{Name: "bytes_sent_" + name, Value: c.LaneBytesSent[l].Load(), Counter: true},
+			Stat{Name: "msgs_received_" + name, Value: c.LaneMsgsRecv[l].Load(), Counter: true},
+			Stat{Name: "bytes_received_" + name, Value: c.LaneBytesRecv[l].Load(), Counter: true})
 	}
 	return out
 }

@@ -84,12 +84,12 @@ type stats struct {
 	nonMember     atomic.Int64 `stat:"dropped_non_member"`
 	tooFar        atomic.Int64 `stat:"dropped_too_far_ahead"`
 	bufferFull    atomic.Int64 `stat:"dropped_buffer_full"`
-	bufferedPeak  atomic.Int64 `stat:"buffered_bytes_peak"`
+	bufferedPeak  atomic.Int64 `stat:"buffered_bytes_peak,gauge"`
 	xmitReqSent   atomic.Int64 `stat:"xmit_reqs_sent"`
 	xmitReqRecv   atomic.Int64 `stat:"xmit_reqs_received"`
 	xmits         atomic.Int64 `stat:"retransmissions"`
 	gaps          atomic.Int64 `stat:"gaps_seen"`
-	highest       atomic.Int64 `stat:"highest_seqno_received"`
+	highest       atomic.Int64 `stat:"highest_seqno_received,gauge"`
 	purged        atomic.Int64 `stat:"msgs_purged"`
 	stableEvents  atomic.Int64 `stat:"stable_events"`
 	purgedAnswers atomic.Int64 `stat:"purged_answers_sent"`

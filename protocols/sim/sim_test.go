@@ -160,7 +160,7 @@ func TestChannelFromConfigOnSIM(t *testing.T) {
 		stats := chs[1].Stats()
 		require.Equal(t, "SIM", stats[0].Protocol)
 		require.Equal(t, "DELAY", stats[1].Protocol)
-		require.Equal(t, stack.Stat{Name: "delayed", Value: 1}, stats[1].Stats[0])
+		require.Equal(t, stack.Stat{Name: "delayed", Value: 1, Counter: true}, stats[1].Stats[0])
 	})
 }
 

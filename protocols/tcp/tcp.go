@@ -720,13 +720,13 @@ func (t *TCP) Stats() []stack.Stat {
 		stack.Stat{Name: "sockets_open", Value: int64(nopen)},
 		stack.Stat{Name: "pending_connections", Value: t.pending.Load()},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
-		stack.Stat{Name: "addr_cache_evicted", Value: evicted},
-		stack.Stat{Name: "addr_cache_full_refused", Value: refused},
+		stack.Stat{Name: "addr_cache_evicted", Value: evicted, Counter: true},
+		stack.Stat{Name: "addr_cache_full_refused", Value: refused, Counter: true},
 	)
 	if t.tlsr != nil {
 		out = append(out,
-			stack.Stat{Name: "tls_reloads", Value: t.tlsr.reloads.Load()},
-			stack.Stat{Name: "tls_reload_errors", Value: t.tlsr.reloadErrors.Load()})
+			stack.Stat{Name: "tls_reloads", Value: t.tlsr.reloads.Load(), Counter: true},
+			stack.Stat{Name: "tls_reload_errors", Value: t.tlsr.reloadErrors.Load(), Counter: true})
 	}
 	return out
 }

@@ -409,7 +409,7 @@ func (u *UDP) Stats() []stack.Stat {
 	return append(append(append(u.TransportBase.Stats(), stack.CounterStats(u)...), stack.CounterStats(&u.bc)...),
 		stack.Stat{Name: "avg_bundle_size", Value: avg},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
-		stack.Stat{Name: "addr_cache_evicted", Value: evicted},
-		stack.Stat{Name: "addr_cache_full_refused", Value: refused},
+		stack.Stat{Name: "addr_cache_evicted", Value: evicted, Counter: true},
+		stack.Stat{Name: "addr_cache_full_refused", Value: refused, Counter: true},
 	)
 }

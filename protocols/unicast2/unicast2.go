@@ -127,7 +127,7 @@ type stats struct {
 	closed       atomic.Int64 `stat:"connections_closed"`
 	reaped       atomic.Int64 `stat:"connections_reaped"`
 	bufferFull   atomic.Int64 `stat:"dropped_buffer_full"`
-	bufferedPeak atomic.Int64 `stat:"buffered_bytes_peak"`
+	bufferedPeak atomic.Int64 `stat:"buffered_bytes_peak,gauge"`
 }
 
 // sendEntry is the send window to one destination: seqnos low..next-1 are
