@@ -71,6 +71,7 @@ type member struct {
 	delivering bool    // a goroutine is delivering ready
 	leave      bool    // LEAVE received (graceful)
 	downQueued bool
+	skipGaps   bool // lost: the gaps in deferred will never be filled
 	upPassed   bool // its UP event went to the application: a DOWN may follow
 	// early: data that came before the member was UP here. Its JOIN
 	// (unicast) and its broadcasts (multicast) travel on different
@@ -162,8 +163,11 @@ type group struct {
 	mandatory bool // the next broadcast goes by replicast with ack request
 	joined    bool
 
-	out    []protoMsg
-	wake   bool // a blocked sender may go on
+	out  []protoMsg
+	wake bool // a blocked sender may go on
+	// trace, when set (debug logging on), is told of every decision that
+	// changes what a peer's incarnation will deliver: JOINs, drops, ends.
+	trace  func(msg string, args ...any)
 	nready []*member
 
 	reclaims, remits, acks  int64
@@ -204,6 +208,9 @@ func (g *group) send(m *member, typ uint8) {
 		h.N = uint64(max(m.window, 0))
 	}
 	g.out = append(g.out, protoMsg{to: m.addr, h: h})
+	if g.trace != nil && typ == typeJoin {
+		g.trace("groupfc: JOIN sent", "to", m.addr, "seqno", h.Seqno, "inc", h.Inc)
+	}
 }
 
 // advance is what to advertise to m now (its state's target minus what is
@@ -396,7 +403,11 @@ func (g *group) lost(m *member) {
 	for _, it := range m.deferred {
 		hi = max(hi, it.seqno)
 	}
-	m.bcRcvNxt = hi // nobody will fill the gaps below
+	// Nobody will fill the gaps: filter steps over each one. (Not by
+	// setting the next seqno to hi: each broadcast held below hi would
+	// then count on top of it, and the next incarnation, which starts at
+	// bcDone, would begin past broadcasts not yet sent.)
+	m.skipGaps = true
 	if m.downQueued {
 		g.filter(m)
 		return
@@ -418,6 +429,13 @@ func (g *group) queueEvent(m *member, up, graceful bool, seqno uint64) {
 // handleProto runs a group protocol message from src.
 func (g *group) handleProto(src stack.Address, h *Header) {
 	m := g.members[src]
+	if g.trace != nil && h.Type == typeJoin {
+		st, inc, peer := "none", uint64(0), uint64(0)
+		if m != nil {
+			st, inc, peer = m.state.String(), m.inc, m.peerInc
+		}
+		g.trace("groupfc: JOIN received", "from", src, "seqno", h.Seqno, "inc", h.Inc, "reply", h.Reply, "state", st, "my_inc", inc, "paired_inc", peer, "seen", g.incSeen[src], "done", g.bcDone[src])
+	}
 	if h.Type == typeJoin {
 		if h.Inc < g.incSeen[src] || m != nil && h.Inc < m.peerInc {
 			// A JOIN of an earlier incarnation of this member here, late
@@ -578,9 +596,19 @@ func (g *group) data(src stack.Address, h *Header, msg *stack.Message) bool {
 	if m == nil || m.deleted || !m.isSender() || m.state == Leaving && m.peerInc == 0 {
 		// (LEAVING without a JOIN: it left the view before it joined
 		// here, never UP; what it sends is for a later incarnation.)
+		if g.trace != nil {
+			st := "none"
+			if m != nil {
+				st = m.state.String()
+			}
+			g.trace("groupfc: data dropped: no incarnation takes it", "from", src, "type", h.Type, "seqno", h.Seqno, "ack", h.AckReq, "state", st)
+		}
 		return false
 	}
 	if (h.Type == typeBcast || h.Type == typeMcast) && h.Seqno < m.bcRcvNxt {
+		if g.trace != nil {
+			g.trace("groupfc: data dropped: below next", "from", src, "type", h.Type, "seqno", h.Seqno, "ack", h.AckReq, "next", m.bcRcvNxt)
+		}
 		return false // below the sync point, or a duplicate
 	}
 	blks := blocks(len(msg.Payload))
@@ -620,7 +648,10 @@ func (g *group) filter(m *member) {
 	for len(m.deferred) > 0 && !m.deleted {
 		it := m.deferred[0]
 		if it.seqno > m.bcRcvNxt {
-			break
+			if !m.skipGaps {
+				break
+			}
+			m.bcRcvNxt = it.seqno
 		}
 		m.deferred = m.deferred[1:]
 		deliver, update := true, false
@@ -677,6 +708,9 @@ func (g *group) remove(m *member) {
 	m.deleted = true
 	delete(g.members, m.addr)
 	g.bcDone[m.addr] = max(g.bcDone[m.addr], m.bcRcvNxt)
+	if g.trace != nil {
+		g.trace("groupfc: incarnation removed", "peer", m.addr, "inc", m.inc, "next", m.bcRcvNxt, "rejoin", m.rejoin != nil)
+	}
 	if m.delivering || len(m.ready) > 0 {
 		g.retired[m.addr] = m
 	}
@@ -814,6 +848,13 @@ func (g *group) sentBroadcast(blks int, ack bool) []*member {
 	}
 	if ack {
 		g.bcAckers = len(rs)
+	}
+	if g.trace != nil {
+		var to []stack.Address
+		for _, r := range rs {
+			to = append(to, r.addr)
+		}
+		g.trace("groupfc: broadcast", "seqno", g.bcSndNxt, "ack", ack, "to", to)
 	}
 	g.bcSndNxt++
 	g.mandatory = false

@@ -2,6 +2,7 @@ package groupfc
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"slices"
 	"time"
@@ -119,6 +120,9 @@ func (p *GroupFC) Start() error {
 	self := p.LocalAddress()
 	p.g = newGroup(self, p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents, p.cfg.MaxActive)
 	p.g.maxUnread = int(p.cfg.MaxUnread / blockSize)
+	if p.Log().Enabled(context.Background(), slog.LevelDebug) {
+		p.g.trace = p.Log().Debug
+	}
 	p.leaveWait, p.leaveDone = nil, nil
 	p.g.mandatory = true
 	if p.cfg.Loopback {
