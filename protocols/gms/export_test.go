@@ -3,3 +3,11 @@ package gms
 // JoinReq returns a JOIN_REQ header, for tests that send one from a member
 // already in the view (a joiner whose answer was lost asks again).
 func JoinReq() *Header { return &Header{Type: typeJoinReq} }
+
+// SetLeaving marks g as leaving, as Disconnect does first, without the
+// leave that follows.
+func SetLeaving(g *GMS) {
+	g.mu.Lock()
+	g.leaving = true
+	g.mu.Unlock()
+}

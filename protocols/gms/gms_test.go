@@ -526,3 +526,33 @@ func TestMemberLeftOutByACoordinatorThatCrashedMergesBack(t *testing.T) {
 		grouptest.CheckViewHistories(t, rest)
 	})
 }
+
+// TestLeavingCoordinatorMergesNothing: a coordinator that is leaving
+// neither leads a merge nor lets its subgroup be merged (it answers
+// MERGE_REQ with a refusal). It makes a view without itself from its
+// current one; a merge view planned from the same view got the same id,
+// with other members (scenario E, seed 91: E's leave view [E|5] of five and
+// its merge view [E|5] of eight).
+func TestLeavingCoordinatorMergesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(3)
+		left, right := ms[:2], ms[2:]
+		l.Net.Partition([]stack.Address{left[0].Addr(), left[1].Addr()}, []stack.Address{right[0].Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(left...) && grouptest.SameView(right...) }, "two subgroups")
+		var coord *grouptest.Member
+		for _, m := range left {
+			if m.Ch.View().Coordinator() == m.Addr() {
+				coord = m
+			}
+		}
+		require.NotNil(t, coord)
+		gms.SetLeaving(coord.GMS)
+		before := stacktest.Stat(t, coord.GMS, "merges")
+		l.Net.Heal()
+		time.Sleep(2 * time.Minute) // MERGE3 finds the other subgroup every few seconds
+		require.Equal(t, before, stacktest.Stat(t, coord.GMS, "merges"), "the leaving coordinator led a merge")
+		require.Len(t, left[0].Ch.View().Members, 2, "a merge took in the leaving coordinator's subgroup: %s", left[0].Ch.View())
+		require.Len(t, right[0].Ch.View().Members, 1, "a merge took in the leaving coordinator's subgroup: %s", right[0].Ch.View())
+	})
+}

@@ -15,7 +15,10 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	self := g.LocalAddress()
 	g.mu.Lock()
 	v := g.view
-	if v == nil || g.coordLocked() != self || g.merge != nil {
+	// A leaving coordinator merges nothing: it has made (or is making) a
+	// view without itself from this one, and a merge view planned from the
+	// same view would get the same id.
+	if v == nil || g.leaving || g.coordLocked() != self || g.merge != nil {
 		g.mu.Unlock()
 		return
 	}
@@ -84,9 +87,12 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		for _, s := range subs[1:] {
 			answered = append(answered, s.view.Coordinator())
 		}
-		own := g.View()
-		if own == nil {
-			// This member left during the flush: nothing to merge into.
+		g.mu.Lock()
+		own, leaving := g.view, g.leaving
+		g.mu.Unlock()
+		if own == nil || leaving {
+			// This member left (or began to) during the flush: nothing
+			// to merge into.
 			g.count.mergesFailed.Add(1)
 			for _, c := range others {
 				g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
@@ -179,6 +185,10 @@ func (g *GMS) handleMergeReq(src stack.Address, h *Header) {
 	now := time.Now()
 	suspected := func(a stack.Address) bool { return g.suspects[a] } // under g.mu
 	sub, fail, ignore := onMergeReq(self, coord, src, v, h.View, suspected, g.merge, h.MergeID, now)
+	if fail == "" && g.leaving {
+		// Its subgroup gets a view without it, whose coordinator merges.
+		sub, fail = nil, "leaving"
+	}
 	if ignore {
 		g.mu.Unlock()
 		g.count.msgsIgnored.Add(1)
