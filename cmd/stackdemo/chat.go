@@ -38,6 +38,7 @@ func cmdChat(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	config := fl.String("config", "", "stack config FILE (default: the embedded default)")
 	name := fl.String("name", "", "this member's name (default: host-pid)")
 	cluster := fl.String("cluster", "chat", "the group to join")
+	diagAddr := fl.String("diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, for stackdemo probe (default: the config's diag_addr, off)")
 	if err := fl.Parse(args); err != nil {
 		return exitConfig
 	}
@@ -56,12 +57,13 @@ func cmdChat(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitConfig
 	}
 	pr := &chatPrinter{out: stdout}
-	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(*name), stack.WithReceiver(pr))
+	ch, err := stack.New(withDiag(*diagAddr, stack.FromConfig(sc), stack.WithName(*name), stack.WithReceiver(pr))...)
 	if err != nil {
 		fmt.Fprintln(stderr, "stackdemo chat:", err)
 		return exitFail
 	}
 	defer ch.Close()
+	printDiag(stderr, ch)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := ch.Connect(ctx, *cluster); err != nil {

@@ -5,6 +5,7 @@
 //	stackdemo protocols         list every protocol with its keys, types, defaults and docs
 //	stackdemo chat [flags]      a chat member: lines from stdin to the group, the group's lines and views to stdout
 //	stackdemo perf [flags]      throughput and latency of a stack, checked for loss and order
+//	stackdemo probe ADDR...     members' views, coordinators and differing counters, from their -diag endpoints
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/strata-go/strata/configs"
+	_ "github.com/strata-go/strata/diag" // serves -diag and diag_addr
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/stack"
 )
@@ -41,12 +43,19 @@ commands:
   protocols         list every registered protocol with its keys
   chat [flags]      a chat member: -name, -cluster, -config FILE; multicasts
                     each line read from stdin, prints what others send and
-                    every view; leaves on end of input or Ctrl-C
+                    every view; leaves on end of input or Ctrl-C; -diag ADDR
+                    serves metrics, /debug/strata and pprof there
   perf [flags]      throughput or latency test: -members N in this process on
                     loopback, -mode multicast|unicast|anycast|rpc, -size,
-                    -count, -senders, -oob, -json, -config FILE; with -join
+                    -count, -senders, -oob, -json, -config FILE, -diag ADDR
+                    (member i on port+i); with -join
                     each process is one member (run -members N of them); fails
                     (exit 1) on any lost, duplicated or reordered message
+  probe ADDR...     ask members' diagnostics endpoints (chat and perf serve
+                    one with -diag ADDR) and print side by side each one's
+                    view (LAGS: it missed a view), coordinator and the
+                    counters that differ; -json, -watch (every second, with
+                    the change per second), -all (every counter)
 
 exit status: 0 ok, 1 failure, 2 config or usage error
 `, configs.Default)
@@ -66,6 +75,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdPerf(args[1:], stdout, stderr)
 	case "chat":
 		return cmdChat(args[1:], os.Stdin, stdout, stderr)
+	case "probe":
+		return cmdProbe(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return exitOK
@@ -118,6 +129,9 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	fmt.Fprintf(stdout, "%s: %d protocols, bottom first\n", sc.File, len(sc.Protocols))
+	if sc.DiagAddr != "" {
+		fmt.Fprintf(stdout, "diagnostics on %s\n", sc.DiagAddr)
+	}
 	for i, pc := range sc.Protocols {
 		var kv []string
 		for _, s := range pc.Changed() {

@@ -41,6 +41,7 @@ type perfOptions struct {
 	name    string
 	cpuProf string
 	memProf string
+	diag    string // -diag host:port: member i serves its diagnostics on port+i
 }
 
 // Message kinds in the first byte of a perf payload.
@@ -229,6 +230,7 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.name, "name", "", "with -join: this member's name (default: host-pid)")
 	fl.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the run to FILE (go tool pprof)")
 	fl.StringVar(&o.memProf, "memprofile", "", "write an allocation profile, taken after the run, to FILE")
+	fl.StringVar(&o.diag, "diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, member i on port+i (port 0: free ports), for stackdemo probe")
 	if err := fl.Parse(args); err != nil {
 		return exitConfig
 	}
@@ -360,11 +362,16 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
 		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
-		ch, err := stack.New(stack.FromConfig(sc), stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))
+		addr, err := nthDiagAddr(o.diag, i)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := stack.New(withDiag(addr, stack.FromConfig(sc), stack.WithName(fmt.Sprint("perf-", i)), stack.WithReceiver(pm))...)
 		if err != nil {
 			return nil, err
 		}
 		defer ch.Close()
+		printDiag(stderr, ch)
 		pm.ch = ch
 		ms[i] = pm
 		if err := pm.attachRPC(o); err != nil {

@@ -40,12 +40,13 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1),
 		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
 	pm.mu.Lock() // until this member knows its index
-	ch, err := stack.New(stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))
+	ch, err := stack.New(withDiag(o.diag, stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))...)
 	if err != nil {
 		pm.mu.Unlock()
 		return nil, err
 	}
 	defer ch.Close()
+	printDiag(stderr, ch)
 	pm.ch = ch
 	if err := pm.attachRPC(o); err != nil {
 		pm.mu.Unlock()
