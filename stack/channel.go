@@ -456,7 +456,7 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 		if v == nil {
 			return nil, errors.New("strata: VIEW_CHANGE without a view")
 		}
-		c.view.Store(v)
+		c.logView(c.view.Swap(v), v)
 		// A member may send as soon as it has a view, also from the
 		// ViewAccepted callback of its first view, which may run before
 		// Connect returns.
@@ -556,4 +556,15 @@ func (s *Stack) InstallView(ctx context.Context, v *View) error {
 	}
 	_, err := s.top.UpEvent(EvViewChange{View: v})
 	return err
+}
+
+// logView logs a view change once, at Info, with the attribute names every
+// operator event uses (view, members; protocol is the layer's own).
+func (c *Channel) logView(old, v *View) {
+	if old != nil && old.ID == v.ID {
+		return
+	}
+	joined, left := v.Diff(old)
+	c.st.Logger().Info("view", "view", v.ID, "size", v.Size(), "coordinator", v.Coordinator(),
+		"joined", joined, "left", left, "merge", v.IsMerge())
 }

@@ -24,13 +24,14 @@ type Config struct {
 	MaxCredits   stack.Size    `toml:"max_credits" doc:"bytes a sender may have outstanding at one receiver before that receiver returns credits"`
 	MinThreshold float64       `toml:"min_threshold" doc:"fraction of max_credits a receiver processes from a sender before it returns them"`
 	MaxBlockTime time.Duration `toml:"max_block_time" doc:"how long a sender without credits waits before it asks its receivers for them (and again every max_block_time)"`
+	StallTime    time.Duration `toml:"stall_threshold" doc:"a sender blocked this long is a stall: logged once (Warn, with the members whose credits it waits for) and counted in stalls; checked every max_block_time; 0: off"`
 }
 
 // DefaultConfig returns the defaults of JGroups' udp.xml (max_credits 4M,
 // min_threshold 0.4); max_block_time is shorter than JGroups' 5s so that
 // credits lost with a connection that was reset are asked for soon.
 func DefaultConfig() Config {
-	return Config{MaxCredits: 4_000_000, MinThreshold: 0.4, MaxBlockTime: time.Second}
+	return Config{MaxCredits: 4_000_000, MinThreshold: 0.4, MaxBlockTime: time.Second, StallTime: 5 * time.Second}
 }
 
 // Validate checks the config.
@@ -42,6 +43,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("min_threshold", "must be in (0, 1], got %g", c.MinThreshold)
 	case c.MaxBlockTime <= 0:
 		return stack.BadKey("max_block_time", "must be > 0, got %s", c.MaxBlockTime)
+	case c.StallTime < 0:
+		return stack.BadKey("stall_threshold", "must not be negative (0: off), got %s", c.StallTime)
 	}
 	return nil
 }
@@ -100,6 +103,7 @@ type FlowControl struct {
 
 	blockings    atomic.Int64 `stat:"blockings"`
 	blockedNanos atomic.Int64 `stat:"blocked_time_ns"`
+	stalls       atomic.Int64 `stat:"stalls"` // blocked longer than stall_threshold
 	requestsSent atomic.Int64 `stat:"credit_requests_sent"`
 	requestsRecv atomic.Int64 `stat:"credit_requests_received"`
 	creditsSent  atomic.Int64 `stat:"credits_sent"`
@@ -187,6 +191,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 	need := min(n, int64(f.cfg.MaxCredits)) // a message larger than max_credits waits for all of them
 	var start time.Time
 	var timer *time.Timer
+	stalled := false
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -240,6 +245,11 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 				reqs[i] = int64(f.cfg.MaxCredits) - f.credits[a]
 			}
 			f.mu.Unlock()
+			if !stalled && f.cfg.StallTime > 0 && time.Since(start) >= f.cfg.StallTime && len(short) > 0 {
+				stalled = true
+				f.stalls.Add(1)
+				f.Log().Warn("flow control: a sender is stalled, waiting for credits", "members", short, "blocked", time.Since(start).Round(time.Millisecond), "view", f.viewID())
+			}
 			for i, a := range short {
 				f.requestsSent.Add(1)
 				f.send(a, &Header{Type: TypeCreditRequest, Credits: uint64(max(reqs[i], 0))})
@@ -470,3 +480,11 @@ func (f *FlowControl) Stats() []stack.Stat {
 
 // String names the layer, for logs.
 func (f *FlowControl) String() string { return fmt.Sprintf("%s(%s)", f.name, f.LocalAddress()) }
+
+// viewID is the current view's id for logs ("" before the first view).
+func (f *FlowControl) viewID() string {
+	if v := f.View(); v != nil {
+		return v.ID.String()
+	}
+	return ""
+}

@@ -297,7 +297,7 @@ func (a *Auth) handle(src stack.Address, h *Header) {
 		a.mu.Unlock()
 		if !hmac.Equal(h.MAC, a.proof(joinerProof, p.nonce, src, self)) {
 			a.rejected.Add(1)
-			a.Log().Warn("auth: a joiner failed to prove it knows the group secret", "joiner", src)
+			a.Log().Warn("auth: a joiner failed to prove it knows the group secret", "member", src)
 			a.send(src, &Header{Type: typeReject})
 			return
 		}
@@ -344,7 +344,9 @@ func (a *Auth) weighReject(src stack.Address, done <-chan struct{}) {
 	forged := a.proved[src]
 	a.mu.Unlock()
 	if forged || a.joined() {
-		a.forgedRejects.Add(1)
+		if a.forgedRejects.Add(1) == 1 {
+			a.Log().Warn("auth: ignored a REJECT from a member that has not proved the group secret (forged); later ones are only counted", "member", src)
+		}
 		return
 	}
 	_, _ = a.PassUpEvent(stack.EvJoinRefused{By: src, Reason: stack.ErrAuthFailed})

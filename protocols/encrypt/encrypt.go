@@ -363,14 +363,14 @@ func (e *Encrypt) learn(in *stack.Message, last netip.AddrPort) netip.AddrPort {
 func (e *Encrypt) open(m *stack.Message) *stack.Message {
 	h, ok := m.Header(e.ID()).(*Header)
 	if !ok || m.NumHeaders() != 1 {
-		e.unencrypted.Add(1)
+		e.refuse(&e.unencrypted, m.Src, "an unencrypted message")
 		return nil
 	}
 	e.mu.RLock()
 	k := e.accept[h.KeyID]
 	e.mu.RUnlock()
 	if k == nil {
-		e.unknownKey.Add(1)
+		e.refuse(&e.unknownKey, m.Src, "a message sealed with a key it does not have")
 		return nil
 	}
 	from := m.From
@@ -387,11 +387,11 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 	pt, err := k.aead.Open(nil, sc.nonce[:], m.Payload, sc.ad)
 	scratches.Put(sc)
 	if err != nil {
-		e.authFailures.Add(1)
+		e.refuse(&e.authFailures, m.Src, "a message that fails authentication (forged, altered, or sealed with another key)")
 		return nil
 	}
 	if stack.Lane(h.Counter>>laneShift) != m.Lane() {
-		e.malformed.Add(1) // sealed for another lane: not sent as it is now
+		e.refuse(&e.malformed, m.Src, "a malformed message") // sealed for another lane: not sent as it is now
 		return nil
 	}
 	if e.cfg.MaxAge > 0 {
@@ -400,19 +400,19 @@ func (e *Encrypt) open(m *stack.Message) *stack.Message {
 			// ahead): an earlier run's traffic, which the replay windows
 			// cannot know (they start empty with every run).
 			if e.stale.Add(1) == 1 {
-				e.Log().Warn("encrypt: dropping a message sealed outside max_age (a replay of an earlier run, or a sender whose clock is off)",
-					"src", m.Src, "age", age.Truncate(time.Second), "max_age", e.cfg.MaxAge)
+				e.Log().Warn("encrypt: dropping a message sealed outside max_age (a replay of an earlier run, or a sender whose clock is off); later ones are only counted (stale)",
+					"member", m.Src, "age", age.Truncate(time.Second), "max_age", e.cfg.MaxAge)
 			}
 			return nil
 		}
 	}
 	if !e.fresh(m.Src, h) {
-		e.replays.Add(1)
+		e.refuse(&e.replays, m.Src, "a replayed message")
 		return nil
 	}
 	in, err := stack.ReadMessage(wire.NewReader(pt), m.Src)
 	if err != nil || in.Dest != m.Dest || in.Flags != m.Flags {
-		e.malformed.Add(1)
+		e.refuse(&e.malformed, m.Src, "a malformed message")
 		return nil
 	}
 	in.From = m.From
@@ -493,4 +493,13 @@ func (w *window) test(i uint64) bool { return w.bits[i/64]&(1<<(i%64)) != 0 }
 // Stats reports ENCRYPT's counters.
 func (e *Encrypt) Stats() []stack.Stat {
 	return stack.CounterStats(e)
+}
+
+// refuse counts a dropped message in c and logs the first of its kind: a
+// flood of forged traffic must not flood the log, and the counter (and
+// strata_encrypt_*_total) keeps the count.
+func (e *Encrypt) refuse(c *atomic.Int64, src stack.Address, what string) {
+	if c.Add(1) == 1 {
+		e.Log().Warn("encrypt: refused "+what+"; later ones are only counted", "member", src)
+	}
 }

@@ -73,7 +73,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 				}
 			}
 			f.count.wentWithout.Add(int64(len(na.missing)))
-			f.Log().Info("flush: going on without the participants that did not answer", "missing", na.missing)
+			f.Log().Info("flush: going on without the participants that did not answer", "members", na.missing)
 			continue
 		}
 		backoff := f.cfg.RetryTimeout/2 + f.Rand().Duration(f.cfg.RetryTimeout/2+1)

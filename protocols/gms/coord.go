@@ -85,7 +85,7 @@ func (g *GMS) process(reqs []request) {
 	}
 	if v.Coordinator() != self {
 		g.count.takeovers.Add(1)
-		g.Log().Info("taking over as coordinator", "view", v, "suspected", v.Coordinator())
+		g.Log().Info("taking over as coordinator from a suspected member", "view", v.ID, "member", v.Coordinator())
 	}
 	p := planView(v, self, g.suspects, reqs)
 	g.mu.Unlock()

@@ -204,7 +204,7 @@ func (g *GMS) becomeSingleton() error {
 
 func (g *GMS) printJoined(v *stack.View) {
 	if g.cfg.PrintLocalAddr {
-		g.Log().Info("joined", "address", g.LocalAddress(), "view", v)
+		g.Log().Info("joined", "member", g.LocalAddress(), "view", v.ID)
 	}
 }
 

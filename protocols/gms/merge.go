@@ -117,10 +117,10 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	}
 	mv, digest := planMerge(self, subs, without)
 	if len(without) > 0 {
-		g.Log().Warn("merge: excluding members the flush went on without", "excluded", without)
+		g.Log().Warn("merge: excluding members the flush went on without", "members", without)
 		g.count.flushExclusions.Add(int64(len(without)))
 	}
-	g.Log().Info("installing merge view", "view", mv)
+	g.Log().Info("installing merge view", "view", mv.ID, "size", mv.Size())
 	// After every member acknowledged the merge view (or the merge gave
 	// up): its flush stops in it, and the group may send again.
 	stopped = true

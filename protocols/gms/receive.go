@@ -118,7 +118,7 @@ func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
 		if !v.IsMerge() {
 			g.send(src, &Header{Type: typeViewAck, ViewID: v.ID})
 		}
-		g.Log().Warn("excluded from the view; continuing as a group of one until a merge", "view", v)
+		g.Log().Warn("excluded from the view; continuing as a group of one until a merge", "view", v.ID)
 		g.install(stack.NewView(self, v.ID.Seq+1, self), nil)
 		return
 	}

@@ -1,7 +1,10 @@
 package ufc_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -207,4 +210,59 @@ func TestRequestsAnsweredFromReceiveDoNotDeadlock(t *testing.T) {
 		stacktest.WaitFor(t, 5*time.Minute, func() bool { return replies[0].Load() == n && replies[1].Load() == n }, "every request answered")
 		require.Positive(t, stacktest.Stat(t, ms[0].fc, "credits_granted_on_request")+stacktest.Stat(t, ms[1].fc, "credits_granted_on_request"))
 	})
+}
+
+// TestStallOverTheThresholdIsLoggedOnceAndCounted: a sender blocked past
+// stall_threshold logs one Warn naming the member whose credits it waits
+// for, and counts one stall, however long it stays blocked.
+func TestStallOverTheThresholdIsLoggedOnceAndCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.StallTime = 2 * time.Second
+		ms := start(t, 2, cfg)
+		a, b := ms[0], ms[1]
+		var logs logBuffer
+		a.ch.Stack().SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+		release := make(chan struct{})
+		defer close(release)
+		b.col.OnMsg = func(*stack.Message) { <-release }
+		for seq := range 10 {
+			require.NoError(t, send(t.Context(), a, b, seq))
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		require.ErrorIs(t, send(ctx, a, b, 10), context.DeadlineExceeded)
+		cancel()
+		require.EqualValues(t, 1, stacktest.Stat(t, a.fc, "stalls"))
+		lines := logs.Lines("flow control: a sender is stalled")
+		require.Len(t, lines, 1)
+		require.Contains(t, lines[0], "level=WARN")
+		require.Contains(t, lines[0], "protocol=UFC")
+		require.Contains(t, lines[0], "members=["+b.ch.Address().String()+"]")
+		require.Contains(t, lines[0], "view=")
+	})
+}
+
+// logBuffer keeps log lines for a test to read.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// Lines returns the lines that contain s.
+func (l *logBuffer) Lines(s string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(l.buf.String(), "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
