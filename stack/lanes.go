@@ -3,6 +3,7 @@ package stack
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // lanes delivers received messages up the stack from the transport:
@@ -27,7 +28,17 @@ type lanes struct {
 	senders map[senderKey]*senderQueue
 	oob     pool
 	intl    pool
-	wg      sync.WaitGroup
+	wg      sync.WaitGroup // every worker goroutine
+
+	// Workers stay parked for workerIdle after their work, so that a burst
+	// of deliveries reuses a goroutine (and the stack it grew) instead of
+	// starting one per burst. handoff is unbuffered: a job goes to a worker
+	// only if one is parked, otherwise to a new one. wait closes quit.
+	handoff chan job
+	started atomic.Int64 // workers started (a job handed to a parked one starts none)
+	quitMu  sync.Mutex
+	quit    chan struct{}
+	closing bool
 
 	delivered [numLanes]atomic.Int64
 	dropped   [numLanes]atomic.Int64 // messages dropped: their queue was full
@@ -75,8 +86,70 @@ const (
 	maxInternalWorkers = 16
 )
 
+// workerIdle is how long a delivery worker waits for more work before it
+// exits.
+const workerIdle = time.Second
+
+// job is what a worker runs: a sender's regular queue (q), or a batch of a
+// concurrent lane's pool (p).
+type job struct {
+	k  senderKey
+	q  *senderQueue
+	p  *pool
+	bt *Batch
+}
+
+func (j job) run(l *lanes) {
+	if j.p != nil {
+		j.p.work(j.bt)
+		return
+	}
+	l.drain(j.k, j.q)
+}
+
+// start runs j on a parked worker, or on a new one if none is parked.
+func (l *lanes) start(j job) {
+	select {
+	case l.handoff <- j:
+		return
+	default:
+	}
+	l.wg.Add(1)
+	l.started.Add(1)
+	go l.worker(j)
+}
+
+// worker runs jobs until it has been idle for workerIdle or the lanes are
+// waited for.
+func (l *lanes) worker(j job) {
+	defer l.wg.Done()
+	var idle *time.Timer
+	for {
+		j.run(l)
+		l.quitMu.Lock()
+		closing, quit := l.closing, l.quit
+		l.quitMu.Unlock()
+		if closing {
+			return
+		}
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+			defer idle.Stop()
+		} else {
+			idle.Reset(workerIdle)
+		}
+		select {
+		case j = <-l.handoff:
+		case <-idle.C:
+			return
+		case <-quit:
+			return
+		}
+	}
+}
+
 func newLanes(up func(*Batch)) *lanes {
-	l := &lanes{up: up, senders: make(map[senderKey]*senderQueue)}
+	l := &lanes{up: up, senders: make(map[senderKey]*senderQueue), handoff: make(chan job), quit: make(chan struct{})}
 	l.oob = pool{max: maxOOBWorkers, l: l, lane: LaneOOB}
 	l.intl = pool{max: maxInternalWorkers, l: l, lane: LaneInternal}
 	return l
@@ -154,12 +227,9 @@ func (l *lanes) enqueue(src, dest Address, msgs []*Message, one *Message, own bo
 	}
 	start := !q.running
 	q.running = true
-	if start {
-		l.wg.Add(1)
-	}
 	l.mu.Unlock()
 	if start {
-		go l.drain(k, q)
+		l.start(job{k: k, q: q})
 	}
 }
 
@@ -167,7 +237,6 @@ func (l *lanes) enqueue(src, dest Address, msgs []*Message, one *Message, own bo
 // reset in a defer, so a delivery that panics cannot leave the sender marked
 // running forever (JGroups JGRP-3032).
 func (l *lanes) drain(k senderKey, q *senderQueue) {
-	defer l.wg.Done()
 	finished := false
 	defer func() {
 		if !finished {
@@ -240,13 +309,11 @@ func (p *pool) submit(bt *Batch, own bool) {
 		return
 	}
 	p.running++
-	p.l.wg.Add(1)
 	p.mu.Unlock()
-	go p.work(bt)
+	p.l.start(job{p: p, bt: bt})
 }
 
 func (p *pool) work(bt *Batch) {
-	defer p.l.wg.Done()
 	exited := false
 	defer func() {
 		if !exited {
@@ -272,5 +339,20 @@ func (p *pool) work(bt *Batch) {
 	}
 }
 
-// wait blocks until every delivery goroutine has returned.
-func (l *lanes) wait() { l.wg.Wait() }
+// wait blocks until every delivery goroutine has returned, parked ones
+// included; later deliveries start new ones.
+func (l *lanes) wait() {
+	l.quitMu.Lock()
+	if !l.closing {
+		l.closing = true
+		close(l.quit)
+	}
+	l.quitMu.Unlock()
+	l.wg.Wait()
+	l.quitMu.Lock()
+	if l.closing {
+		l.closing = false
+		l.quit = make(chan struct{})
+	}
+	l.quitMu.Unlock()
+}
