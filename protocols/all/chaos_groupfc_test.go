@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -225,16 +224,9 @@ func abbreviate(seq []string) []string {
 // the rest of 100-3,100 bytes. A crash comes 2-5 s after the late join and
 // a graceful leave 2-5 s after that, without waiting for the views to
 // settle. GROUPFC's promises are checked as in scenario C (checkGroup),
-// across the merges.
-//
-// Not in the default run yet: under load about 1 seed in 100 still ends
-// with a member's broadcasts not reaching one or two others after the
-// merges (issue #27; the failure report shows every member's GROUPFC
-// states, next broadcast seqno and queue head). STRATA_CHAOS_E=1 runs it.
+// across the merges; a failure report shows every member's GROUPFC states,
+// next broadcast seqno and queue head.
 func TestChaosGroupFCColdStart(t *testing.T) {
-	if os.Getenv("STRATA_CHAOS_E") == "" {
-		t.Skip("scenario E runs with STRATA_CHAOS_E=1 (a known stall in about 1 seed in 100 under load: issue #27)")
-	}
 	skipShort(t)
 	for _, seed := range chaosSeeds(t, "1-100") {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
