@@ -279,6 +279,22 @@ func (cb *callbacks) run() {
 	}
 }
 
+// stats reports the callbacks' state: views queued and done (a gap that
+// stays means a ViewAccepted that does not return, or one waiting for a
+// delivery that does not come back), deliveries held behind a view, and
+// notices queued.
+func (cb *callbacks) stats() []Stat {
+	cb.mu.Lock()
+	queued := int64(len(cb.queue))
+	cb.mu.Unlock()
+	return []Stat{
+		{Name: "views_queued", Value: int64(cb.queued.Load()), Counter: true},
+		{Name: "views_done", Value: int64(cb.done.Load()), Counter: true},
+		{Name: "deliveries_held", Value: cb.held.Load()},
+		{Name: "callbacks_queued", Value: queued},
+	}
+}
+
 // viewDone marks the end of a ViewAccepted; the messages behind it go.
 func (cb *callbacks) viewDone() {
 	cb.mu.Lock()

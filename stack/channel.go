@@ -387,8 +387,12 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 	return stopErr
 }
 
-// Stats returns every protocol's counters, bottom first.
-func (c *Channel) Stats() []ProtocolStats { return c.st.Stats() }
+// Stats returns every protocol's counters, bottom first, then the
+// channel's own (CHANNEL: views queued and handed to the application,
+// deliveries held behind a view), so a callback that never returns shows.
+func (c *Channel) Stats() []ProtocolStats {
+	return append(c.st.Stats(), ProtocolStats{Protocol: "CHANNEL", Stats: c.cb.stats()})
+}
 
 func (c *Channel) receive(m *Message) {
 	// Counted in its epoch before the receipt says it has arrived: the
