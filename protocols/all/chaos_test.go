@@ -1,7 +1,7 @@
 package all_test
 
 // The chaos suite runs the shipped stacks (configs/*.toml with SIM in place
-// of UDP) with many faults at once, over many seeds, in virtual time, and
+// of UDP or TCP) with many faults at once, over many seeds, in virtual time, and
 // checks what the stacks promise end to end. A seed decides everything:
 // the faults on every link, the members' addresses and random choices
 // (stack.WithSeed), the workload and the schedule of partitions and
@@ -658,8 +658,9 @@ func (r *chaosRun) reliability(live []int) string {
 		st := r.chs[i].Stack()
 		d, err := st.DownEvent(context.Background(), stack.EvGetDigest{})
 		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
-		for _, ps := range st.Stats() {
-			if ps.Protocol == "NAKACK" || ps.Protocol == "STABLE" || ps.Protocol == "GROUPFC" {
+		for _, ps := range r.chs[i].Stats() {
+			switch ps.Protocol {
+			case "NAKACK", "STABLE", "GROUPFC", "FLUSH", "CHANNEL":
 				fmt.Fprintf(&b, "\n    %s %v", ps.Protocol, ps.Stats)
 			}
 		}
@@ -748,6 +749,21 @@ func TestChaosPartitionMergeCrash(t *testing.T) {
 	}
 }
 
+// TestChaosPartitionMergeCrashTCP is scenario A on tcp.toml: SIM stands in
+// for TCP with a network address per member (the first free port from
+// 7800, as on one host), so STATIC_PING finds the members through the
+// config's own initial_hosts (127.0.0.1:7800 and the port_range of 4 above
+// it), and MERGE3's announcements and the group's messages take SIM's
+// paths as they do for udp.toml.
+func TestChaosPartitionMergeCrashTCP(t *testing.T) {
+	skipShort(t)
+	for _, seed := range chaosSeeds(t, "1-100") {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { scenarioA(t, "tcp.toml", seed, false) })
+		})
+	}
+}
+
 // TestChaosChurn is scenario A followed by a joiner that joins under loss
 // and a graceful leave (of the coordinator half of the time).
 func TestChaosChurn(t *testing.T) {
@@ -803,6 +819,7 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 	r := startChaos(t, file, seed, n)
 	defer r.close()
 	all := r.alive()
+	r.requireStaticDiscovery()
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -830,6 +847,23 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 	r.net.SetDefault(sim.Rule{})
 	r.settle()
 	r.check()
+}
+
+// requireStaticDiscovery fails the run if the stack discovers by probing
+// host:port lists (STATIC_PING) and no member heard an answer: the
+// members would then have found each other only through MERGE3, and SIM's
+// network addresses would not be tested.
+func (r *chaosRun) requireStaticDiscovery() {
+	static, answers := false, int64(0)
+	for _, ch := range r.chs {
+		for _, p := range ch.Stack().Protocols() {
+			if p.Name() == "STATIC_PING" {
+				static = true
+				answers += stacktest.Stat(r.t, p.(stack.StatsReporter), "responses_received")
+			}
+		}
+	}
+	r.require(!static || answers > 0, "no member heard a STATIC_PING answer")
 }
 
 // churn has a member join under loss and then one leave gracefully (the

@@ -20,18 +20,34 @@ import (
 	"github.com/strata-go/strata/stack/stacktest"
 )
 
-// simStack turns a shipped UDP config into the same stack over SIM (the
-// network named ${STRATA_SIM_NETWORK}), with AUTH below GMS when secretFile
-// is set.
+// simStack turns a shipped UDP or TCP config into the same stack over SIM
+// (the network named ${STRATA_SIM_NETWORK}), with AUTH below GMS when
+// secretFile is set. A TCP table's bind_addr, bind_port and port_range
+// stay: each member then has a network address on SIM, the first free
+// port from bind_port as on a host, where STATIC_PING's initial_hosts
+// finds it.
 func simStack(t testing.TB, file, secretFile string) []byte {
 	t.Helper()
 	b, err := configs.FS.ReadFile(file)
 	require.NoError(t, err)
 	s := string(b)
-	udp := strings.Index(s, "[[protocol]]\ntype = \"UDP\"")
-	next := strings.Index(s[udp+1:], "[[protocol]]") + udp + 1
-	require.True(t, udp >= 0 && next > udp, "%s has a UDP table", file)
-	s = s[:udp] + "[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_SIM_NETWORK}\"\n\n" + s[next:]
+	tr := strings.Index(s, "[[protocol]]\ntype = \"UDP\"")
+	isTCP := tr < 0
+	if isTCP {
+		tr = strings.Index(s, "[[protocol]]\ntype = \"TCP\"")
+	}
+	require.True(t, tr >= 0, "%s has a UDP or TCP table", file)
+	next := strings.Index(s[tr+1:], "[[protocol]]") + tr + 1
+	require.True(t, next > tr, "%s has a protocol above its transport", file)
+	table := "[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_SIM_NETWORK}\"\n"
+	if isTCP {
+		for line := range strings.Lines(s[tr:next]) {
+			if k, _, _ := strings.Cut(line, " = "); k == "bind_addr" || k == "bind_port" || k == "port_range" {
+				table += line
+			}
+		}
+	}
+	s = s[:tr] + table + "\n" + s[next:]
 	if secretFile != "" {
 		gms := strings.Index(s, "[[protocol]]\ntype = \"GMS\"")
 		require.True(t, gms >= 0)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/ping"
+	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/protocols/udp"
 	"github.com/strata-go/strata/protocols/unicast2"
 	"github.com/strata-go/strata/stack"
@@ -95,6 +97,34 @@ func TestStaticPingOnATransportWithoutAddressesFindsNoOneAndSaysSo(t *testing.T)
 		})
 		require.Empty(t, d.FindMembers(context.Background(), 0, false))
 		require.Positive(t, stacktest.Stat(t, d, "send_errors"))
+	})
+}
+
+// TestStaticPingFindsMembersAtSIMNetworkAddresses: over SIM with bind_port,
+// STATIC_PING's probes of initial_hosts reach the members holding those
+// addresses, and each answer names where its member is.
+func TestStaticPingFindsMembersAtSIMNetworkAddresses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := stacktest.NewNetwork(t, 1)
+		ds := make([]*ping.Discovery, 3)
+		sims := make([]*sim.SIM, 3)
+		stacktest.Start(t, 3, func(i int) []stack.Protocol {
+			cfg := sim.DefaultConfig()
+			cfg.Network, cfg.BindPort = net.Name(), 7800
+			sc := ping.DefaultStaticConfig()
+			sc.InitialHosts, sc.PortRange = "127.0.0.1:7800", 2
+			sims[i], ds[i] = sim.New(cfg), ping.NewStatic(sc)
+			return []stack.Protocol{sims[i], ds[i]}
+		})
+		found := ds[0].FindMembers(context.Background(), 0, false)
+		require.Len(t, found, 2)
+		for _, mi := range found {
+			i := slices.IndexFunc(sims, func(s *sim.SIM) bool { return s.LocalAddress() == mi.Addr })
+			require.Positive(t, i)
+			require.Equal(t, netip.AddrPortFrom(localhost, uint16(7800+i)), mi.Physical)
+		}
+		require.Zero(t, stacktest.Stat(t, ds[0], "send_errors"))
+		require.Zero(t, stacktest.Stat(t, ds[0], "physical_address_overridden"))
 	})
 }
 

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type Network struct {
 
 	mu      sync.Mutex
 	members map[stack.Address]*endpoint
+	phys    map[netip.AddrPort]*endpoint // members with a network address
 	def     Rule
 	links   map[linkKey]Rule
 	island  map[stack.Address]int // nil: no partition
@@ -56,6 +58,7 @@ type Network struct {
 	Duplicated  atomic.Int64
 	Partitioned atomic.Int64
 	Overflowed  atomic.Int64
+	Unreachable atomic.Int64 // sent to a network address no member holds
 }
 
 var (
@@ -89,14 +92,17 @@ func newNetwork(name string, seed uint64) *Network {
 	return &Network{
 		name: name, seed: seed,
 		members: map[stack.Address]*endpoint{},
+		phys:    map[netip.AddrPort]*endpoint{},
 		links:   map[linkKey]Rule{},
 		rngs:    map[linkKey]*rand.Rand{},
 		order:   map[stack.Address]uint64{},
 	}
 }
 
-// attach joins ep to network name, creating it (with seed) if needed.
-func attach(name string, seed uint64, ep *endpoint) (*Network, error) {
+// attach joins ep to network name, creating it (with seed) if needed. With
+// a valid bind, ep takes the first network address from bind up to
+// portRange ports above it that no member holds, as a socket binds.
+func attach(name string, seed uint64, ep *endpoint, bind netip.AddrPort, portRange int) (*Network, error) {
 	netMu.Lock()
 	defer netMu.Unlock()
 	n, ok := networks[name]
@@ -108,6 +114,17 @@ func attach(name string, seed uint64, ep *endpoint) (*Network, error) {
 	defer n.mu.Unlock()
 	if _, dup := n.members[ep.addr]; dup {
 		return nil, fmt.Errorf("sim: address %s already attached to network %q", ep.addr, name)
+	}
+	if bind.IsValid() {
+		for p := int(bind.Port()); !ep.phys.IsValid(); p++ {
+			if p > int(bind.Port())+portRange {
+				return nil, fmt.Errorf("sim: no free port in %s..%d on network %q", bind, int(bind.Port())+portRange, name)
+			}
+			if ap := netip.AddrPortFrom(bind.Addr(), uint16(p)); n.phys[ap] == nil {
+				ep.phys = ap
+				n.phys[ap] = ep
+			}
+		}
 	}
 	n.members[ep.addr] = ep
 	n.nextIdx++
@@ -121,6 +138,9 @@ func (n *Network) detach(ep *endpoint) {
 	n.mu.Lock()
 	if n.members[ep.addr] == ep {
 		delete(n.members, ep.addr)
+	}
+	if ep.phys.IsValid() && n.phys[ep.phys] == ep {
+		delete(n.phys, ep.phys)
 	}
 	empty := len(n.members) == 0
 	n.mu.Unlock()
@@ -294,12 +314,9 @@ func (n *Network) decide(from, to stack.Address, m *stack.Message) (fate, *endpo
 // when to is zero.
 func (n *Network) send(from, to stack.Address, pkt []byte, m *stack.Message) {
 	n.Sent.Add(1)
-	type out struct {
-		ep *endpoint
-		f  fate
-	}
 	var outs []out
 	n.mu.Lock()
+	src := n.physOf(from)
 	if to.IsZero() {
 		for a := range n.members {
 			if a == from {
@@ -313,24 +330,71 @@ func (n *Network) send(from, to stack.Address, pkt []byte, m *stack.Message) {
 		outs = append(outs, out{ep, f})
 	}
 	n.mu.Unlock()
+	deliver(outs, pkt, src)
+}
+
+// sendPhysical delivers pkt (the encoding of m) from the member from to the
+// member holding the network address to; with no such member it is lost.
+func (n *Network) sendPhysical(from stack.Address, to netip.AddrPort, pkt []byte, m *stack.Message) {
+	n.Sent.Add(1)
+	n.mu.Lock()
+	dst := n.phys[to]
+	if dst == nil {
+		n.mu.Unlock()
+		n.Unreachable.Add(1)
+		return
+	}
+	src := n.physOf(from)
+	var outs []out
+	if f, ep := n.decide(from, dst.addr, m); ep != nil {
+		outs = append(outs, out{ep, f})
+	}
+	n.mu.Unlock()
+	deliver(outs, pkt, src)
+}
+
+// physOf returns the network address of member a (zero if none); callers
+// hold n.mu.
+func (n *Network) physOf(a stack.Address) netip.AddrPort {
+	if ep := n.members[a]; ep != nil {
+		return ep.phys
+	}
+	return netip.AddrPort{}
+}
+
+// out is one receiver of a packet and what happens to it on the way.
+type out struct {
+	ep *endpoint
+	f  fate
+}
+
+// deliver hands pkt, from the network address from, to each receiver.
+func deliver(outs []out, pkt []byte, from netip.AddrPort) {
 	for _, o := range outs {
 		for c := range o.f.copies {
 			p := pkt
 			if len(outs) > 1 || c > 0 {
 				p = append([]byte(nil), pkt...)
 			}
-			o.ep.enqueue(p, o.f.delay)
+			o.ep.enqueue(packet{p, from}, o.f.delay)
 		}
 	}
+}
+
+// packet is one datagram in an inbox and the network address it came from.
+type packet struct {
+	data []byte
+	from netip.AddrPort
 }
 
 // endpoint is one member's attachment: an inbox and its timers.
 type endpoint struct {
 	addr    stack.Address
+	phys    netip.AddrPort // zero: none
 	n       *Network
 	maxLen  int
 	mu      sync.Mutex
-	inbox   [][]byte
+	inbox   []packet
 	notify  chan struct{}
 	timers  map[*time.Timer]struct{}
 	stopped bool
@@ -340,7 +404,7 @@ func newEndpoint(addr stack.Address, maxLen int) *endpoint {
 	return &endpoint{addr: addr, maxLen: maxLen, notify: make(chan struct{}, 1), timers: map[*time.Timer]struct{}{}}
 }
 
-func (e *endpoint) enqueue(p []byte, delay time.Duration) {
+func (e *endpoint) enqueue(p packet, delay time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopped {
@@ -369,7 +433,7 @@ func (e *endpoint) enqueue(p []byte, delay time.Duration) {
 }
 
 // take returns and clears the inbox.
-func (e *endpoint) take(dst [][]byte) [][]byte {
+func (e *endpoint) take(dst []packet) []packet {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	dst = append(dst[:0], e.inbox...)

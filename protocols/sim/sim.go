@@ -18,11 +18,16 @@ type Config struct {
 	QueueLen int    `toml:"queue_len" doc:"packets a member's inbox holds; more are dropped and counted, as by a full socket buffer"`
 	// MaxQueued is UDP's max_queued_bytes.
 	MaxQueued stack.Size `toml:"max_queued_bytes" doc:"received bytes waiting for delivery per sender (regular lane) or per lane (OOB, internal); more are dropped and counted (0: no bound)"`
+	// A network address, as TCP's and UDP's bind keys give one: for
+	// discovery that probes host:port lists (STATIC_PING).
+	BindAddr  string `toml:"bind_addr" doc:"IP address of the member's network address (with bind_port)"`
+	BindPort  int    `toml:"bind_port" doc:"the member's network address is bind_addr and the first port from bind_port up to port_range that no one on the network holds; 0: no network address (SEND_TO_PHYSICAL not supported)"`
+	PortRange int    `toml:"port_range" doc:"ports above bind_port to try when it is taken"`
 }
 
 // DefaultConfig returns SIM's defaults.
 func DefaultConfig() Config {
-	return Config{Network: "default", Seed: 1, QueueLen: 1 << 20, MaxQueued: stack.DefaultMaxQueued}
+	return Config{Network: "default", Seed: 1, QueueLen: 1 << 20, MaxQueued: stack.DefaultMaxQueued, BindAddr: "127.0.0.1", PortRange: 50}
 }
 
 // Validate checks the config.
@@ -36,7 +41,28 @@ func (c *Config) Validate() error {
 	if c.MaxQueued < 0 {
 		return stack.BadKey("max_queued_bytes", "must be >= 0, got %d", c.MaxQueued)
 	}
+	switch {
+	case c.BindPort < 0 || c.BindPort > 65535:
+		return stack.BadKey("bind_port", "must be 0..65535, got %d", c.BindPort)
+	case c.BindPort == 0:
+		return nil
+	}
+	if _, err := netip.ParseAddr(c.BindAddr); err != nil {
+		return stack.BadKey("bind_addr", "must be an IP address, got %q", c.BindAddr)
+	}
+	if c.PortRange < 0 || c.BindPort+c.PortRange > 65535 {
+		return stack.BadKey("port_range", "must be >= 0 with bind_port+port_range <= 65535, got %d", c.PortRange)
+	}
 	return nil
+}
+
+// bind is the first address to try (port 0: none).
+func (c *Config) bind() netip.AddrPort {
+	if c.BindPort == 0 {
+		return netip.AddrPort{}
+	}
+	ip, _ := netip.ParseAddr(c.BindAddr)
+	return netip.AddrPortFrom(ip.Unmap(), uint16(c.BindPort))
 }
 
 func init() {
@@ -48,7 +74,11 @@ func init() {
 	})
 }
 
-// SIM is the in-memory transport.
+// SIM is the in-memory transport. With bind_port, each member also has a
+// synthetic network address (ip:port, unique on its network), reported as
+// the UDP and TCP transports report theirs: discovery that probes host:port
+// lists (STATIC_PING) runs over SIM, and every received message carries
+// its sender's address (Message.From).
 type SIM struct {
 	stack.TransportBase
 	cfg Config
@@ -79,7 +109,7 @@ func (s *SIM) Init() error {
 // Start attaches the member to its network and starts the receive loop.
 func (s *SIM) Start() error {
 	ep := newEndpoint(s.LocalAddress(), s.cfg.QueueLen)
-	n, err := attach(s.cfg.Network, s.cfg.Seed, ep)
+	n, err := attach(s.cfg.Network, s.cfg.Seed, ep, s.cfg.bind(), s.cfg.PortRange)
 	if err != nil {
 		return err
 	}
@@ -90,7 +120,7 @@ func (s *SIM) Start() error {
 }
 
 func (s *SIM) receiveLoop(ep *endpoint, done <-chan struct{}) {
-	var pkts [][]byte
+	var pkts []packet
 	for {
 		select {
 		case <-done:
@@ -100,8 +130,8 @@ func (s *SIM) receiveLoop(ep *endpoint, done <-chan struct{}) {
 		pkts = ep.take(pkts)
 		for i, p := range pkts {
 			s.net.Delivered.Add(1)
-			s.Receive(p, netip.AddrPort{})
-			pkts[i] = nil
+			s.Receive(p.data, p.from)
+			pkts[i] = packet{}
 		}
 	}
 }
@@ -134,6 +164,50 @@ func (s *SIM) Down(ctx context.Context, m *stack.Message) error {
 		s.Stack().Cluster(), self, m.IsMulticast(), m)
 	n.send(self, m.Dest, pkt, m)
 	return nil
+}
+
+// PhysicalAddress returns the member's network address (zero without
+// bind_port, or before Start).
+func (s *SIM) PhysicalAddress() netip.AddrPort {
+	if s.ep == nil {
+		return netip.AddrPort{}
+	}
+	return s.ep.phys
+}
+
+// DownEvent answers, for a member with a network address, what a transport
+// with network addresses answers: its own address, and SEND_TO_PHYSICAL
+// (to the member holding that address; to none, lost). Other members'
+// addresses are not needed: SIM routes by logical address.
+func (s *SIM) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+	phys := s.PhysicalAddress()
+	if !phys.IsValid() {
+		return s.TransportBase.DownEvent(ctx, ev)
+	}
+	switch e := ev.(type) {
+	case stack.EvGetPhysicalAddress:
+		if e.Member.IsZero() || e.Member == s.LocalAddress() {
+			return phys, nil
+		}
+		return nil, nil
+	case stack.EvSendToPhysical:
+		if e.Msg == nil || !e.To.IsValid() {
+			return nil, fmt.Errorf("sim: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
+		}
+		if e.To == phys {
+			return nil, nil
+		}
+		m := e.Msg
+		if len(m.Payload) > stack.MaxPayload {
+			return nil, fmt.Errorf("sim: payload of %d bytes exceeds %d", len(m.Payload), stack.MaxPayload)
+		}
+		m.Src = s.LocalAddress()
+		pkt := stack.EncodeBundle(make([]byte, 0, stack.BundleOverhead+len(s.Stack().Cluster())+m.EncodedSize(m.Src)),
+			s.Stack().Cluster(), m.Src, false, m)
+		s.net.sendPhysical(m.Src, e.To, pkt, m)
+		return nil, nil
+	}
+	return s.TransportBase.DownEvent(ctx, ev)
 }
 
 // Inject hands raw bytes to the member as if they came from the network,

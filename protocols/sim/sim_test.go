@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -161,6 +162,66 @@ func TestChannelFromConfigOnSIM(t *testing.T) {
 		require.Equal(t, "SIM", stats[0].Protocol)
 		require.Equal(t, "DELAY", stats[1].Protocol)
 		require.Equal(t, stack.Stat{Name: "delayed", Value: 1, Counter: true}, stats[1].Stats[0])
+	})
+}
+
+// TestNetworkAddressesAreFreePortsAndReceiveSendToPhysical: with bind_port
+// each member holds the first port no one on its network holds (none left:
+// Connect fails), reports it as its physical address, receives what is
+// sent to it with the sender's address as From, and frees it when it
+// stops.
+func TestNetworkAddressesAreFreePortsAndReceiveSendToPhysical(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := stacktest.NewNetwork(t, 1)
+		cfg := sim.DefaultConfig()
+		cfg.Network, cfg.BindPort, cfg.PortRange = net.Name(), 7800, 1
+		member := func(name string) (*stack.Channel, *sim.SIM, *stacktest.Collector, error) {
+			s, col := sim.New(cfg), stacktest.NewCollector()
+			ch, err := stack.New(stack.FromProtocols(s), stack.WithName(name), stack.WithReceiver(col))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ch.Close() })
+			return ch, s, col, ch.Connect(context.Background(), "test")
+		}
+		port := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), p) }
+		_, a, _, err := member("A")
+		require.NoError(t, err)
+		chB, b, colB, err := member("B")
+		require.NoError(t, err)
+		require.Equal(t, port(7800), a.PhysicalAddress())
+		require.Equal(t, port(7801), b.PhysicalAddress())
+		_, _, _, err = member("C")
+		require.ErrorContains(t, err, "no free port")
+
+		phys, err := b.DownEvent(t.Context(), stack.EvGetPhysicalAddress{})
+		require.NoError(t, err)
+		require.Equal(t, port(7801), phys)
+		for _, to := range []netip.AddrPort{port(7801), port(7802)} {
+			_, err := a.DownEvent(t.Context(), stack.EvSendToPhysical{To: to, Msg: stack.NewMessage(stack.Address{}, []byte("probe"))})
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		msgs := colB.Messages()
+		require.Len(t, msgs, 1)
+		require.Equal(t, a.LocalAddress(), msgs[0].Src)
+		require.Equal(t, port(7800), msgs[0].From)
+		require.EqualValues(t, 1, net.Unreachable.Load(), "nobody holds 127.0.0.1:7802")
+
+		require.NoError(t, chB.Close())
+		_, c, _, err := member("C")
+		require.NoError(t, err)
+		require.Equal(t, port(7801), c.PhysicalAddress(), "B's port is free again")
+	})
+}
+
+func TestWithoutBindPortThereIsNoNetworkAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := stacktest.StartSIM(t, 1, 1, nil)
+		s, _ := stack.Find[*sim.SIM](c.Channels[0].Stack())
+		require.False(t, s.PhysicalAddress().IsValid())
+		phys, _ := s.DownEvent(t.Context(), stack.EvGetPhysicalAddress{})
+		require.Nil(t, phys)
+		_, err := s.DownEvent(t.Context(), stack.EvSendToPhysical{To: netip.MustParseAddrPort("127.0.0.1:7800"), Msg: stack.NewMessage(stack.Address{}, nil)})
+		require.ErrorIs(t, err, stack.ErrNotSupported)
 	})
 }
 
