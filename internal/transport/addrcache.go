@@ -64,6 +64,24 @@ func (c *AddrCache) Learn(a stack.Address, ap netip.AddrPort) {
 	c.m[a] = e
 }
 
+// LearnUnlessHeard is Learn for an address a datagram's preamble claims:
+// it does not move a's entry to ap while a was heard from at its entry's
+// address within quiet, and reports whether the entry now says ap. So
+// datagrams from another port in a busy member's name do not send that
+// member's unicasts (credits, retransmission requests, acks) elsewhere
+// until its next datagram; a member gone quiet at its old address is
+// followed to the new one.
+func (c *AddrCache) LearnUnlessHeard(a stack.Address, ap netip.AddrPort, quiet time.Duration) bool {
+	c.mu.RLock()
+	e := c.m[a]
+	c.mu.RUnlock()
+	if e != nil && e.AP != ap && time.Since(time.Unix(0, e.seen.Load())) < quiet {
+		return false
+	}
+	c.Learn(a, ap)
+	return true
+}
+
 // evictLocked removes one entry of a non-member (the map's iteration order
 // picks which), and reports whether there was one.
 func (c *AddrCache) evictLocked() bool {
