@@ -42,6 +42,7 @@ type perfOptions struct {
 	cpuProf string
 	memProf string
 	diag    string // -diag host:port: member i serves its diagnostics on port+i
+	warmup  int    // -warmup N: an uncounted first round of N messages (calls) per sender
 }
 
 // Message kinds in the first byte of a perf payload.
@@ -50,7 +51,8 @@ const (
 	kindRsp  byte = 3         // an rpc answer (-mode rpc)
 	kindGo   byte = 4         // -join: the first member starts the run
 	kindAck  byte = 5         // -join: a receiver tells a sender how many it has (seqno field)
-	kindDone byte = 6         // -join: a member has everything it expects
+	kindDone byte = 6         // -join: a member has everything it expects (seqno field: the round, 0 warm-up, 1 measured)
+	kindWarm byte = 7         // -warmup: a message of the uncounted first round
 	perfHdr       = 1 + 4 + 8 // kind, sender index, seqno
 )
 
@@ -61,6 +63,7 @@ type perfMember struct {
 	mu    sync.Mutex
 	next  map[int]uint64 // per sender: the next seqno expected (regular messages)
 	got   map[int]int64  // per sender: messages received
+	warm  map[int]int64  // per sender: warm-up messages received (-warmup)
 	bytes atomic.Int64
 	count atomic.Int64
 	errs  []string
@@ -73,8 +76,8 @@ type perfMember struct {
 	// -join mode
 	joined bool
 	start  chan struct{}
-	acks   map[int]int64 // per receiver (view index): what it said it has of ours
-	dones  map[int]bool
+	acks   map[int]int64  // per receiver (view index): what it said it has of ours
+	dones  map[int]uint64 // per member: the rounds it has finished (kindDone)
 }
 
 func (pm *perfMember) ViewAccepted(*stack.View) {}
@@ -100,8 +103,17 @@ func (pm *perfMember) Receive(m *stack.Message) {
 		if p[0] == kindAck {
 			pm.acks[sender] = max(pm.acks[sender], int64(seq))
 		} else {
-			pm.dones[sender] = true
+			pm.dones[sender] = max(pm.dones[sender], seq+1)
 		}
+		pm.mu.Unlock()
+		select {
+		case pm.wake <- struct{}{}:
+		default:
+		}
+		return
+	case kindWarm:
+		pm.mu.Lock()
+		pm.warm[sender]++
 		pm.mu.Unlock()
 		select {
 		case pm.wake <- struct{}{}:
@@ -176,9 +188,16 @@ func (pm *perfMember) call(ctx context.Context, to stack.Address, payload []byte
 	return nil
 }
 
-func (pm *perfMember) gotFrom(sender int) int64 {
+func (pm *perfMember) gotFrom(sender int) int64 { return pm.received(kindData, sender) }
+
+// received returns how many messages of kind (kindData or kindWarm) pm has
+// received from sender.
+func (pm *perfMember) received(kind byte, sender int) int64 {
 	pm.mu.Lock()
 	defer pm.mu.Unlock()
+	if kind == kindWarm {
+		return pm.warm[sender]
+	}
 	return pm.got[sender]
 }
 
@@ -190,6 +209,7 @@ type perfResult struct {
 	Senders   int              `json:"senders"`
 	Size      int              `json:"size"`
 	Count     int              `json:"count"`
+	Warmup    int              `json:"warmup"`
 	Seconds   float64          `json:"seconds"`
 	PerMember []memberResult   `json:"per_member"`
 	TotalMsgs int64            `json:"total_msgs_received"`
@@ -230,6 +250,7 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.name, "name", "", "with -join: this member's name (default: host-pid)")
 	fl.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the run to FILE (go tool pprof)")
 	fl.StringVar(&o.memProf, "memprofile", "", "write an allocation profile, taken after the run, to FILE")
+	fl.IntVar(&o.warmup, "warmup", 0, "an uncounted first round of N messages (calls) per sender before the measured one, as bench/jgroups5's driver has (0: none)")
 	fl.StringVar(&o.diag, "diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, member i on port+i (port 0: free ports), for stackdemo probe")
 	if err := fl.Parse(args); err != nil {
 		return exitConfig
@@ -243,6 +264,9 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 		return exitConfig
 	case o.count < 1:
 		fmt.Fprintln(stderr, "stackdemo perf: -count must be at least 1")
+		return exitConfig
+	case o.warmup < 0:
+		fmt.Fprintln(stderr, "stackdemo perf: -warmup must be 0 or more")
 		return exitConfig
 	case !slices.Contains([]string{"multicast", "unicast", "anycast", "rpc"}, o.mode):
 		fmt.Fprintf(stderr, "stackdemo perf: unknown -mode %q (multicast, unicast, anycast or rpc)\n", o.mode)
@@ -361,7 +385,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for i := range ms {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
-		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
+		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, warm: map[int]int64{}, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
 		addr, err := nthDiagAddr(o.diag, i)
 		if err != nil {
 			return nil, err
@@ -412,10 +436,20 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		return nil, err
 	}
 	progress := isTerminal(stderr)
+	if o.warmup > 0 {
+		// Not counted: every member has all of it before the measured
+		// round starts.
+		if _, err := drive(ctx, o, ms, stderr, progress, kindWarm, o.warmup); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+		if err := warmedUp(o, ms); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
-	lat, sendErr := drive(ctx, o, ms, stderr, progress)
+	lat, sendErr := drive(ctx, o, ms, stderr, progress, kindData, o.count)
 	el := time.Since(start)
-	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
+	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
 	if sendErr != nil {
 		res.Errors = append(res.Errors, sendErr.Error())
 	}
@@ -471,6 +505,38 @@ func waitView(ctx context.Context, ms []*perfMember) error {
 	}
 }
 
+// receivers returns the members whose count of sender i's messages perf
+// waits for and checks: its targets and, for a multicast, the sender
+// itself (its own messages loop back to it, and its count includes them).
+func receivers(o perfOptions, ms []*perfMember, i int) []*perfMember {
+	rs := targets(o, ms, i)
+	if o.mode == "multicast" {
+		rs = append(rs, ms[i])
+	}
+	return rs
+}
+
+// warmedUp says what the warm-up round lost, if anything.
+func warmedUp(o perfOptions, ms []*perfMember) error {
+	if o.mode == "rpc" {
+		return nil
+	}
+	if o.mode == "anycast" {
+		if total := totalOf(o, ms, kindWarm); total != int64(o.senders*o.warmup) {
+			return fmt.Errorf("warm-up: %d anycasts received, %d sent", total, o.senders*o.warmup)
+		}
+		return nil
+	}
+	for i := range o.senders {
+		for _, r := range receivers(o, ms, i) {
+			if got := r.received(kindWarm, i); got != int64(o.warmup) {
+				return fmt.Errorf("warm-up: member %d got %d of member %d's %d messages", r.idx, got, i, o.warmup)
+			}
+		}
+	}
+	return nil
+}
+
 // targets returns, per sender, the members its messages go to.
 func targets(o perfOptions, ms []*perfMember, i int) []*perfMember {
 	switch o.mode {
@@ -488,7 +554,9 @@ func targets(o perfOptions, ms []*perfMember, i int) []*perfMember {
 	return nil
 }
 
-func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Writer, progress bool) (*latency, error) {
+// drive sends n messages (calls) of kind per sender and waits until every
+// receiver has them (or the timeout).
+func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Writer, progress bool, kind byte, n int) (*latency, error) {
 	var wg sync.WaitGroup
 	var sent atomic.Int64
 	errs := make(chan error, o.senders)
@@ -496,7 +564,7 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 	var lmu sync.Mutex
 	for i := range o.senders {
 		wg.Go(func() {
-			if err := sendAll(ctx, o, ms, i, &sent, &lats, &lmu); err != nil {
+			if err := sendAll(ctx, o, ms, i, kind, n, &sent, &lats, &lmu); err != nil {
 				errs <- fmt.Errorf("member %d: %w", i, err)
 			}
 		})
@@ -506,7 +574,7 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 		go func() {
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
-			total := int64(o.senders * o.count)
+			total := int64(o.senders * n)
 			for {
 				select {
 				case <-done:
@@ -528,7 +596,7 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 		return percentiles(lats), nil
 	}
 	// Wait until every receiver has every message (or the timeout).
-	for o.mode == "anycast" && anycastTotal(o, ms) < int64(o.senders*o.count) {
+	for o.mode == "anycast" && totalOf(o, ms, kind) < int64(o.senders*n) {
 		select {
 		case <-ctx.Done():
 			return nil, nil
@@ -536,8 +604,8 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 		}
 	}
 	for i := range o.senders {
-		for _, r := range targets(o, ms, i) {
-			for r.gotFrom(i) < int64(o.count) {
+		for _, r := range receivers(o, ms, i) {
+			for r.received(kind, i) < int64(n) {
 				select {
 				case <-ctx.Done():
 					return nil, nil // checkCounts reports what is missing
@@ -550,32 +618,33 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 	return nil, nil
 }
 
-func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, sent *atomic.Int64, lats *[]time.Duration, lmu *sync.Mutex) error {
+func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind byte, n int, sent *atomic.Int64, lats *[]time.Duration, lmu *sync.Mutex) error {
 	me := ms[i]
 	buf := make([]byte, o.size)
 	binary.BigEndian.PutUint32(buf[1:], uint32(i))
 	ts := targets(o, ms, i)
 	gfc, _ := groupfc.Of(me.ch) // nil without GROUPFC: the modes that need it were refused above
-	for s := range o.count {
+	for s := range n {
 		binary.BigEndian.PutUint64(buf[5:], uint64(s))
+		buf[0] = kind
 		switch o.mode {
 		case "rpc":
-			buf[0] = kindData
 			to := ms[(i+1+rand.IntN(len(ms)-1))%len(ms)].ch.Address()
 			t0 := time.Now()
 			if err := me.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
 				return err
 			}
+			if kind == kindWarm {
+				break
+			}
 			lmu.Lock()
 			*lats = append(*lats, time.Since(t0))
 			lmu.Unlock()
 		case "anycast":
-			buf[0] = kindData
 			if _, err := gfc.Anycast(ctx, 0, slices.Clone(buf)); err != nil {
 				return err
 			}
 		default:
-			buf[0] = kindData
 			// No application window: the stack's flow control (UFC and
 			// MFC, or GROUPFC's windows) paces the sender, as it would any
 			// application's.
@@ -603,13 +672,13 @@ func checkCounts(o perfOptions, ms []*perfMember) []string {
 		return nil
 	}
 	if o.mode == "anycast" {
-		if total, want := anycastTotal(o, ms), int64(o.senders*o.count); total != want {
+		if total, want := totalOf(o, ms, kindData), int64(o.senders*o.count); total != want {
 			errs = append(errs, fmt.Sprintf("anycast: %d messages received, %d sent", total, want))
 		}
 		return errs
 	}
 	for i := range o.senders {
-		for _, r := range targets(o, ms, i) {
+		for _, r := range receivers(o, ms, i) {
 			if got := r.gotFrom(i); got != int64(o.count) {
 				errs = append(errs, fmt.Sprintf("member %d got %d of member %d's %d messages", r.idx, got, i, o.count))
 			}
@@ -618,12 +687,13 @@ func checkCounts(o perfOptions, ms []*perfMember) []string {
 	return errs
 }
 
-// anycastTotal is what the senders' anycasts delivered, over all members.
-func anycastTotal(o perfOptions, ms []*perfMember) int64 {
+// totalOf is what the senders' messages of kind delivered, over all
+// members (anycasts).
+func totalOf(o perfOptions, ms []*perfMember, kind byte) int64 {
 	var total int64
 	for _, r := range ms {
 		for i := range o.senders {
-			total += r.gotFrom(i)
+			total += r.received(kind, i)
 		}
 	}
 	return total
@@ -641,13 +711,30 @@ func percentiles(ds []time.Duration) *latency {
 }
 
 func printPerf(w io.Writer, r *perfResult) {
-	fmt.Fprintf(w, "%s: %s, %d members, %d senders × %d messages of %d bytes, %.2fs\n", r.Config, r.Mode, r.Members, r.Senders, r.Count, r.Size, r.Seconds)
-	for _, m := range r.PerMember {
-		fmt.Fprintf(w, "  member %d: %d msgs, %.0f msgs/s, %.1f MB/s\n", m.Member, m.Msgs, m.MsgsPerS, m.MBPerS)
+	what := "messages"
+	if r.Mode == "rpc" {
+		what = "calls"
 	}
-	fmt.Fprintf(w, "  total: %d msgs received, %.0f msgs/s, %.1f MB/s\n", r.TotalMsgs, r.MsgsPerS, r.MBPerS)
-	if l := r.Latency; l != nil {
-		fmt.Fprintf(w, "  rpc: %.0f calls/s; latency µs: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", r.CallsPerS, l.P50, l.P90, l.P99, l.Max)
+	warm := ""
+	if r.Warmup > 0 {
+		warm = fmt.Sprintf(" (after a warm-up of %d)", r.Warmup)
+	}
+	fmt.Fprintf(w, "%s: %s, %d members, %d senders × %d %s of %d bytes%s, %.2fs\n", r.Config, r.Mode, r.Members, r.Senders, r.Count, what, r.Size, warm, r.Seconds)
+	if r.Mode == "rpc" {
+		// Requests and answers go to the dispatcher, not counted as
+		// messages: calls are what was measured.
+		fmt.Fprintf(w, "  rpc: %.0f calls/s\n", r.CallsPerS)
+		if l := r.Latency; l != nil {
+			fmt.Fprintf(w, "  latency µs: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", l.P50, l.P90, l.P99, l.Max)
+		}
+	} else {
+		// A member's count covers the messages the verdict checks: in one
+		// process, all it delivered, its own multicasts included; with
+		// -join, the other members'.
+		for _, m := range r.PerMember {
+			fmt.Fprintf(w, "  member %d: %d msgs, %.0f msgs/s, %.1f MB/s\n", m.Member, m.Msgs, m.MsgsPerS, m.MBPerS)
+		}
+		fmt.Fprintf(w, "  total: %d msgs received, %.0f msgs/s, %.1f MB/s\n", r.TotalMsgs, r.MsgsPerS, r.MBPerS)
 	}
 	keys := make([]string, 0, len(r.Stats))
 	for k := range r.Stats {

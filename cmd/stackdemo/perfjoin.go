@@ -37,8 +37,8 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		name = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	start := make(chan struct{})
-	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, wake: make(chan struct{}, 1),
-		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]bool{}}
+	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, warm: map[int]int64{}, wake: make(chan struct{}, 1),
+		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]uint64{}}
 	pm.mu.Lock() // until this member knows its index
 	ch, err := stack.New(withDiag(o.diag, stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))...)
 	if err != nil {
@@ -118,23 +118,37 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			}
 		}
 	}
+	if o.warmup > 0 {
+		// The uncounted round: this member sends and receives all of it,
+		// then waits until every member has (round 0 done), so that the
+		// measured round starts warm everywhere.
+		var warmErr error
+		if pm.idx < o.senders {
+			warmErr = sendJoined(ctx, o, pm, members, dests, kindWarm, o.warmup, nil)
+		}
+		waitJoined(ctx, pm, from, kindWarm, o.warmup)
+		for _, j := range from {
+			if g := pm.received(kindWarm, j); g != int64(o.warmup) && warmErr == nil {
+				warmErr = fmt.Errorf("got %d of member %d's %d messages", g, j, o.warmup)
+			}
+		}
+		if warmErr != nil {
+			return nil, fmt.Errorf("warm-up: %w", warmErr)
+		}
+		_ = ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindDone, pm.idx, 0)))
+		if !waitDone(ctx, pm, n, 0) {
+			return nil, fmt.Errorf("warm-up: not every member finished it: %w", ctx.Err())
+		}
+	}
 	t0 := time.Now()
 	var lats []time.Duration
 	var sendErr error
 	if pm.idx < o.senders {
-		sendErr = sendJoined(ctx, o, pm, members, dests, &lats)
+		sendErr = sendJoined(ctx, o, pm, members, dests, kindData, o.count, &lats)
 	}
-	for _, j := range from {
-		for pm.gotFrom(j) < int64(o.count) && ctx.Err() == nil {
-			select {
-			case <-pm.wake:
-			case <-ctx.Done():
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}
+	waitJoined(ctx, pm, from, kindData, o.count)
 	el := time.Since(t0)
-	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Seconds: el.Seconds(), Stats: map[string]int64{}}
+	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Stats: map[string]int64{}}
 	if o.mode == "rpc" {
 		res.Latency = percentiles(lats)
 		res.CallsPerS = float64(len(lats)) / el.Seconds()
@@ -170,13 +184,40 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	}
 	// Stay until every member is done, so nobody's retransmissions are cut
 	// short by an early leave.
-	_ = ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindDone, pm.idx, 0)))
+	_ = ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindDone, pm.idx, 1)))
+	waitDone(ctx, pm, n, 1)
+	_ = ch.Disconnect(context.WithoutCancel(ctx))
+	return res, nil
+}
+
+// waitJoined waits until pm has n messages of kind from each of from (or
+// the run's timeout).
+func waitJoined(ctx context.Context, pm *perfMember, from []int, kind byte, n int) {
+	for _, j := range from {
+		for pm.received(kind, j) < int64(n) && ctx.Err() == nil {
+			select {
+			case <-pm.wake:
+			case <-ctx.Done():
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// waitDone waits until all n members have said they finished round
+// (kindDone); it reports whether they did before the run's timeout.
+func waitDone(ctx context.Context, pm *perfMember, n int, round uint64) bool {
 	for ctx.Err() == nil {
 		pm.mu.Lock()
-		all := len(pm.dones) >= n
+		all := 0
+		for _, d := range pm.dones {
+			if d > round {
+				all++
+			}
+		}
 		pm.mu.Unlock()
-		if all {
-			break
+		if all >= n {
+			return true
 		}
 		select {
 		case <-pm.wake:
@@ -184,28 +225,29 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	_ = ch.Disconnect(context.WithoutCancel(ctx))
-	return res, nil
+	return false
 }
 
-// sendJoined sends this member's messages in -join mode, paced by the
-// stack's flow control only.
-func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, lats *[]time.Duration) error {
+// sendJoined sends this member's n messages (calls) of kind in -join mode,
+// paced by the stack's flow control only; lats (nil: not kept) gets the
+// calls' latencies.
+func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, kind byte, n int, lats *[]time.Duration) error {
 	buf := make([]byte, o.size)
 	binary.BigEndian.PutUint32(buf[1:], uint32(pm.idx))
-	for s := range o.count {
+	for s := range n {
 		binary.BigEndian.PutUint64(buf[5:], uint64(s))
+		buf[0] = kind
 		if o.mode == "rpc" {
-			buf[0] = kindData
 			to := members[(pm.idx+1+rand.IntN(len(members)-1))%len(members)]
 			t0 := time.Now()
 			if err := pm.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
 				return err
 			}
-			*lats = append(*lats, time.Since(t0))
+			if lats != nil {
+				*lats = append(*lats, time.Since(t0))
+			}
 			continue
 		}
-		buf[0] = kindData
 		dest := stack.Address{}
 		if o.mode == "unicast" {
 			dest = members[dests[0]]
