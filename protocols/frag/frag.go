@@ -21,6 +21,10 @@ type Config struct {
 	FragSize stack.Size    `toml:"frag_size" doc:"largest payload sent in one message; larger ones are fragmented"`
 	MaxSize  stack.Size    `toml:"max_message_size" doc:"largest message a receiver reassembles; bigger announcements are dropped and counted"`
 	Expiry   time.Duration `toml:"partial_expiry" doc:"a partly received message that gets no fragment for this long is dropped and counted"`
+	// MaxPartials bounds what one sender's fragments can make a receiver
+	// keep: a trickle of fragments that never complete (lost, or forged in
+	// a member's name) would otherwise pile up for partial_expiry.
+	MaxPartials int `toml:"max_partials_per_sender" doc:"partly received messages kept per sender; one more evicts the sender's one that grew least recently (counted)"`
 }
 
 // FragmentSize is frag_size, for the loader's check against the
@@ -29,7 +33,7 @@ func (c *Config) FragmentSize() stack.Size { return c.FragSize }
 
 // DefaultConfig returns FRAG's defaults.
 func DefaultConfig() Config {
-	return Config{FragSize: 60000, MaxSize: 1 << 30, Expiry: 2 * time.Minute}
+	return Config{FragSize: 60000, MaxSize: 1 << 30, Expiry: 2 * time.Minute, MaxPartials: 128}
 }
 
 // Validate checks the config.
@@ -41,6 +45,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_message_size", "must be >= frag_size (%d), got %d", c.FragSize, c.MaxSize)
 	case c.Expiry < time.Second:
 		return stack.BadKey("partial_expiry", "must be at least 1s, got %s", c.Expiry)
+	case c.MaxPartials < 1:
+		return stack.BadKey("max_partials_per_sender", "must be at least 1, got %d", c.MaxPartials)
 	}
 	return nil
 }
@@ -103,6 +109,7 @@ type FRAG struct {
 
 	mu      sync.Mutex
 	partial map[key]*partial
+	pending map[stack.Address]int // partial messages per sender
 
 	fragmented  atomic.Int64 `stat:"msgs_fragmented"`
 	fragsSent   atomic.Int64 `stat:"fragments_sent"`
@@ -111,6 +118,7 @@ type FRAG struct {
 	dropped     atomic.Int64 `stat:"fragments_dropped"`
 	discarded   atomic.Int64 `stat:"partial_discarded"`
 	expired     atomic.Int64 `stat:"partial_expired"`
+	evicted     atomic.Int64 `stat:"partial_evicted"`
 }
 
 type key struct {
@@ -132,7 +140,9 @@ type partial struct {
 var _ stack.Protocol = (*FRAG)(nil)
 
 // New returns a FRAG layer.
-func New(cfg Config) *FRAG { return &FRAG{cfg: cfg, partial: map[key]*partial{}} }
+func New(cfg Config) *FRAG {
+	return &FRAG{cfg: cfg, partial: map[key]*partial{}, pending: map[stack.Address]int{}}
+}
 
 // Name returns "FRAG".
 func (f *FRAG) Name() string { return "FRAG" }
@@ -152,9 +162,37 @@ func (f *FRAG) expire() {
 	defer f.mu.Unlock()
 	for k, p := range f.partial {
 		if now.Sub(p.touched) >= f.cfg.Expiry {
-			delete(f.partial, k)
+			f.removeLocked(k)
 			f.expired.Add(1)
 		}
+	}
+}
+
+// removeLocked forgets partial message k; callers hold f.mu.
+func (f *FRAG) removeLocked(k key) {
+	delete(f.partial, k)
+	if f.pending[k.src]--; f.pending[k.src] <= 0 {
+		delete(f.pending, k.src)
+	}
+}
+
+// makeRoomLocked evicts src's partial message that grew least recently if
+// src has max_partials_per_sender already; callers hold f.mu.
+func (f *FRAG) makeRoomLocked(src stack.Address) {
+	if f.pending[src] < f.cfg.MaxPartials {
+		return
+	}
+	var oldest key
+	var at time.Time
+	found := false
+	for k, p := range f.partial {
+		if k.src == src && (!found || p.touched.Before(at)) {
+			oldest, at, found = k, p.touched, true
+		}
+	}
+	if found {
+		f.removeLocked(oldest)
+		f.evicted.Add(1)
 	}
 }
 
@@ -202,8 +240,10 @@ func (f *FRAG) Up(m *stack.Message) {
 	f.mu.Lock()
 	p := f.partial[k]
 	if p == nil {
+		f.makeRoomLocked(m.Src)
 		p = &partial{count: h.Count, total: h.Total, parts: map[uint32][]byte{}}
 		f.partial[k] = p
+		f.pending[m.Src]++
 	}
 	if p.count != h.Count || p.total != h.Total || p.parts[h.Index] != nil {
 		f.mu.Unlock()
@@ -217,7 +257,7 @@ func (f *FRAG) Up(m *stack.Message) {
 	}
 	done := uint32(len(p.parts)) == h.Count
 	if done {
-		delete(f.partial, k)
+		f.removeLocked(k)
 	}
 	f.mu.Unlock()
 	if !done {
@@ -258,7 +298,7 @@ func (f *FRAG) viewChange(v *stack.View) {
 	f.mu.Lock()
 	for k := range f.partial {
 		if !v.Contains(k.src) {
-			delete(f.partial, k)
+			f.removeLocked(k)
 			f.discarded.Add(1)
 		}
 	}

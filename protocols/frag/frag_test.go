@@ -272,3 +272,39 @@ func TestReassembledMessageKeepsItsPlaceInTheBatch(t *testing.T) {
 		require.Equal(t, []string{"first", "B\x00\x00\x00\x00", "last"}, got)
 	})
 }
+
+// TestPartialMessagesPerSenderAreBounded: a sender's fragments that never
+// complete (lost, or forged in its name: #33's trickle of one-byte
+// fragments) make a receiver keep at most max_partials_per_sender partial
+// messages of that sender; one more evicts the one that grew least
+// recently, and counts it. Another sender's partial message is untouched,
+// and so is the flooded sender's newest.
+func TestPartialMessagesPerSenderAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 1, 1)
+		limit := frag.DefaultConfig().MaxPartials
+		flooded, other := stack.NewAddress(), stack.NewAddress()
+		two := func(src stack.Address, id uint64, index uint32) *stack.Message {
+			const fs = 60000
+			m := stack.NewMessage(stack.Address{}, make([]byte, []int{fs, 10}[index]))
+			m.Src = src
+			m.PutHeader(stack.IDFRAG, &frag.Header{ID: id, Index: index, Count: 2, Total: fs + 10})
+			return m
+		}
+		f.frag[0].Up(two(other, 1, 0))
+		time.Sleep(time.Second) // the other sender's partial is the oldest of all
+		for i := range limit + 72 {
+			f.frag[0].Up(hostileFragment(flooded, uint64(100+i)))
+			time.Sleep(time.Millisecond)
+		}
+		f.frag[0].Up(two(flooded, 1, 0))
+		require.EqualValues(t, limit+1, stacktest.Stat(t, f.frag[0], "partial_in_progress"), "the flooded sender's limit, and the other's one")
+		require.EqualValues(t, 73, stacktest.Stat(t, f.frag[0], "partial_evicted"))
+		f.frag[0].Up(two(other, 1, 1))
+		f.frag[0].Up(two(flooded, 1, 1))
+		require.EqualValues(t, 2, stacktest.Stat(t, f.frag[0], "msgs_reassembled"), "the other's message and the flooded sender's newest complete")
+		require.EqualValues(t, limit-1, stacktest.Stat(t, f.frag[0], "partial_in_progress"))
+		f.frag[0].Up(hostileFragment(flooded, 100)) // the first one, evicted: it starts again
+		require.EqualValues(t, limit, stacktest.Stat(t, f.frag[0], "partial_in_progress"))
+	})
+}
