@@ -64,6 +64,15 @@ func (c *AddrCache) Learn(a stack.Address, ap netip.AddrPort) {
 	c.m[a] = e
 }
 
+// MoveQuiet is how long a member must have been silent at its known
+// address before a preamble in its name from elsewhere moves it. Without
+// it, a trickle of datagrams in a busy member's name from another port
+// (forged, or relayed) moved its address back and forth, and the credits
+// and retransmissions sent to it in between were lost: three perf members
+// fell from 107-112K to 14.5-17K msgs/s under 200 such datagrams a
+// second (#33).
+const MoveQuiet = 2 * time.Second
+
 // LearnUnlessHeard is Learn for an address a datagram's preamble claims:
 // it does not move a's entry to ap while a was heard from at its entry's
 // address within quiet, and reports whether the entry now says ap. So

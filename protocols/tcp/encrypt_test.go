@@ -64,3 +64,49 @@ func TestEncryptBindsAddressesOverTCP(t *testing.T) {
 	}
 	require.Zero(t, caught.Load(), "nothing was sent to the attacker")
 }
+
+// TestForgedPreambleCannotMoveALiveMembersAddress: without ENCRYPT, a
+// connection that claims to come from another listening address, with a
+// bundle in B's name, does not move B's address while B was heard from at
+// its own within transport.MoveQuiet: the move is refused and counted
+// (addr_moves_refused), and A's messages still reach B (a trickle of such
+// claims moved a busy member's address back and forth, #33).
+func TestForgedPreambleCannotMoveALiveMembersAddress(t *testing.T) {
+	stacktest.CheckLeaks(t)
+	ms := startMembers(t, 2, "open", testConfig(), nil)
+	a, b := ms[0], ms[1]
+	require.NoError(t, b.ch.Send(context.Background(), stack.NewMessage(a.ch.Address(), []byte("from b"))))
+	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 1 }, "A heard from B at B's address")
+
+	trap, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	var caught atomic.Int64
+	accepted := make(chan struct{})
+	defer func() { _ = trap.Close(); <-accepted }()
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := trap.Accept()
+			if err != nil {
+				return
+			}
+			caught.Add(1)
+			_ = c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp4", a.tcp.PhysicalAddress().String())
+	require.NoError(t, err)
+	defer c.Close()
+	bundle := stack.EncodeBundle(nil, "open", b.ch.Address(), false, stack.NewMessage(a.ch.Address(), []byte("forged")))
+	_, err = c.Write(append(binary.BigEndian.AppendUint32(hello(uint16(trap.Addr().(*net.TCPAddr).Port)), uint32(len(bundle))), bundle...))
+	require.NoError(t, err)
+	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 2 }, "A took the forged bundle (nothing authenticates it here)")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.tcp, "addr_moves_refused") == 1 }, "the move is refused and counted")
+	at, err := a.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
+	require.NoError(t, err)
+	require.Equal(t, b.tcp.PhysicalAddress(), at, "A still has B at B's own address")
+
+	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("still to b"))))
+	stacktest.WaitFor(t, wait, func() bool { return b.col.Len() == 1 }, "A's messages still reach B")
+	require.Zero(t, caught.Load(), "nothing was sent to the claimed address")
+}

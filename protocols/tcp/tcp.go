@@ -88,6 +88,7 @@ type TCP struct {
 	whoHasSent      atomic.Int64 `stat:"who_has_sent"`
 	expired         atomic.Int64 `stat:"addr_cache_expired"`
 	unprovenMoves   atomic.Int64 `stat:"addr_moves_unproven"`
+	refusedMoves    atomic.Int64 `stat:"addr_moves_refused"`
 }
 
 var (
@@ -500,7 +501,9 @@ func (t *TCP) readLoop(c *conn, done <-chan struct{}) {
 }
 
 // handleBundle passes a received bundle to the stack and learns where its
-// sender is (as UDP does from a datagram). It reports false for a bundle
+// sender is (as UDP does from a datagram: not moving a member heard from at
+// its known address within transport.MoveQuiet, counted in
+// addr_moves_refused). It reports false for a bundle
 // whose preamble is malformed (not one of another cluster or version).
 func (t *TCP) handleBundle(data []byte, from netip.AddrPort) bool {
 	if cl := t.Stack().Cluster(); cl != "" {
@@ -520,7 +523,9 @@ func (t *TCP) handleBundle(data []byte, from netip.AddrPort) bool {
 		}
 		return true
 	}
-	t.cache.Learn(h.Src, from)
+	if !t.cache.LearnUnlessHeard(h.Src, from, transport.MoveQuiet) {
+		t.refusedMoves.Add(1)
+	}
 	return true
 }
 

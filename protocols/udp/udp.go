@@ -265,7 +265,7 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 // handleDatagram passes a received datagram to the stack. A stack that
 // trusts its network learns the sender's physical address from the
 // datagram's preamble, but does not move a member's address while the
-// member was heard from at the old one within addrMoveQuiet (counted in
+// member was heard from at the old one within transport.MoveQuiet (counted in
 // addr_moves_refused); one with an authenticating layer (ENCRYPT) does
 // not learn from preambles at all, and counts the preambles that claim a
 // known member is somewhere else (LearnAddress takes what that layer
@@ -286,19 +286,10 @@ func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
 		}
 		return
 	}
-	if !u.cache.LearnUnlessHeard(h.Src, from, addrMoveQuiet) {
+	if !u.cache.LearnUnlessHeard(h.Src, from, transport.MoveQuiet) {
 		u.refusedMoves.Add(1)
 	}
 }
-
-// addrMoveQuiet is how long a member must have been silent at its known
-// address before a datagram in its name from elsewhere moves it. Without
-// it, a trickle of datagrams in a busy member's name from another port
-// (forged, or relayed) moved its address back and forth, and the credits
-// and retransmissions sent to it in between were lost: three perf members
-// fell from 107-112K to 14.5-17K msgs/s under 200 such datagrams a
-// second (#33).
-const addrMoveQuiet = 2 * time.Second
 
 // LearnAddress records that src is at from: the authenticating layer
 // (ENCRYPT) accepted a message src sealed that came from there.
