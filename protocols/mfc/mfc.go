@@ -17,8 +17,13 @@ type Config = flowcontrol.Config
 // DefaultConfig returns MFC's defaults, those of JGroups' udp.xml.
 func DefaultConfig() Config { return flowcontrol.DefaultConfig() }
 
+// MFC is the MFC layer: a name applications and tests can use for
+// what New returns (the logic lives in internal/flowcontrol, shared with
+// the other flow-control layer).
+type MFC = flowcontrol.FlowControl
+
 // New returns a MFC layer.
-func New(cfg Config) *flowcontrol.FlowControl { return flowcontrol.New("MFC", true, cfg) }
+func New(cfg Config) *MFC { return flowcontrol.New("MFC", true, cfg) }
 
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{

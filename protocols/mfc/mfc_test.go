@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/flowcontrol"
 	"github.com/strata-go/strata/protocols/mfc"
 	"github.com/strata-go/strata/protocols/nakack"
 	"github.com/strata-go/strata/protocols/unicast2"
@@ -26,7 +25,7 @@ func TestMulticastWaitsForTheSlowestMemberUntilItLeaves(t *testing.T) {
 		cfg := mfc.DefaultConfig()
 		cfg.MaxCredits = 10_000
 		cfg.MaxBlockTime = 500 * time.Millisecond
-		fcs := make([]*flowcontrol.FlowControl, 3)
+		fcs := make([]*mfc.MFC, 3)
 		c := stacktest.StartSIM(t, 3, 1, func(i int) []stack.Protocol {
 			fcs[i] = mfc.New(cfg)
 			return []stack.Protocol{nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}

@@ -17,8 +17,13 @@ type Config = flowcontrol.Config
 // DefaultConfig returns UFC's defaults, those of JGroups' udp.xml.
 func DefaultConfig() Config { return flowcontrol.DefaultConfig() }
 
+// UFC is the UFC layer: a name applications and tests can use for
+// what New returns (the logic lives in internal/flowcontrol, shared with
+// the other flow-control layer).
+type UFC = flowcontrol.FlowControl
+
 // New returns a UFC layer.
-func New(cfg Config) *flowcontrol.FlowControl { return flowcontrol.New("UFC", false, cfg) }
+func New(cfg Config) *UFC { return flowcontrol.New("UFC", false, cfg) }
 
 func init() {
 	stack.Register(stack.ProtocolSpec[Config]{

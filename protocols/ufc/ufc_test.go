@@ -31,7 +31,7 @@ func testConfig() ufc.Config {
 
 type member struct {
 	ch  *stack.Channel
-	fc  *flowcontrol.FlowControl
+	fc  *ufc.UFC
 	d   *discard.Discard
 	col *stacktest.Collector
 }
