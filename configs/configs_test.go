@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/stack"

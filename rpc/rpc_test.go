@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/rpc"

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/configs"
-	"github.com/strata-go/strata/internal/tlstest"
+	"github.com/strata-go/strata/internal/testing/tlstest"
 )
 
 func runCmd(args ...string) (code int, stdout, stderr string) {

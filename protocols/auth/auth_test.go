@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/auth"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"

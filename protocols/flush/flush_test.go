@@ -16,7 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/flush"
 	"github.com/strata-go/strata/protocols/gms"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/gms"
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/protocols/nakack"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/grouptest"
+	"github.com/strata-go/strata/internal/testing/grouptest"
 	_ "github.com/strata-go/strata/protocols/all"
 	"github.com/strata-go/strata/protocols/tcp"
 	"github.com/strata-go/strata/stack"

@@ -12,7 +12,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/netlab"
+	"github.com/strata-go/strata/internal/testing/netlab"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )

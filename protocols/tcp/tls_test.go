@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-go/strata/internal/tlstest"
+	"github.com/strata-go/strata/internal/testing/tlstest"
 	"github.com/strata-go/strata/protocols/tcp"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
