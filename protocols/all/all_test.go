@@ -86,7 +86,7 @@ func FuzzShippedHeaders(f *testing.F) {
 }
 
 // mustGroupFC returns ch's GROUPFC layer; the stack has one.
-func mustGroupFC(ch *stack.Channel) *groupfc.GroupFC {
+func mustGroupFC(ch *stack.Channel) *groupfc.GROUPFC {
 	g, err := groupfc.Of(ch)
 	if err != nil {
 		panic(err)

@@ -42,7 +42,7 @@ member_events = true
 func Example() {
 	ctx := context.Background()
 	got := make(chan string, 16)
-	open := func(name, instance string, r stack.Receiver) (*stack.Channel, *groupfc.GroupFC) {
+	open := func(name, instance string, r stack.Receiver) (*stack.Channel, *groupfc.GROUPFC) {
 		sc, err := stack.ParseConfigVars(name+".toml", []byte(exampleStack), map[string]string{"INSTANCE": instance})
 		if err != nil {
 			panic(err)

@@ -133,8 +133,8 @@ func SenderInstance(m *stack.Message) (uint64, bool) {
 	return 0, false
 }
 
-// GroupFC is the GROUPFC protocol.
-type GroupFC struct {
+// GROUPFC is the GROUPFC protocol.
+type GROUPFC struct {
 	stack.Base
 	cfg Config
 
@@ -160,29 +160,29 @@ type GroupFC struct {
 	blockedNanos atomic.Int64
 }
 
-var _ stack.Protocol = (*GroupFC)(nil)
+var _ stack.Protocol = (*GROUPFC)(nil)
 
 // New returns a GROUPFC layer.
-func New(cfg Config) *GroupFC {
-	return &GroupFC{cfg: cfg, wakeCh: make(chan struct{}), rr: map[uint64]int{}, downs: map[stack.Address]bool{}}
+func New(cfg Config) *GROUPFC {
+	return &GROUPFC{cfg: cfg, wakeCh: make(chan struct{}), rr: map[uint64]int{}, downs: map[stack.Address]bool{}}
 }
 
 // ErrNoGroupFC is Of's error for a stack without GROUPFC.
 var ErrNoGroupFC = errors.New(`groupfc: no GROUPFC layer in the stack (use configs/groupfc.toml, or add [[protocol]] type = "GROUPFC" above GMS)`)
 
 // Of returns the GROUPFC layer of ch's stack, or ErrNoGroupFC.
-func Of(ch *stack.Channel) (*GroupFC, error) {
-	if g, ok := stack.Find[*GroupFC](ch.Stack()); ok {
+func Of(ch *stack.Channel) (*GROUPFC, error) {
+	if g, ok := stack.Find[*GROUPFC](ch.Stack()); ok {
 		return g, nil
 	}
 	return nil, ErrNoGroupFC
 }
 
 // Name returns "GROUPFC".
-func (p *GroupFC) Name() string { return "GROUPFC" }
+func (p *GROUPFC) Name() string { return "GROUPFC" }
 
 // Init validates the config.
-func (p *GroupFC) Init() error { return p.cfg.Validate() }
+func (p *GROUPFC) Init() error { return p.cfg.Validate() }
 
 // Identity is who a member is in the group: its instance and what it
 // receives (the config keys instance, loopback and member_events).
@@ -194,7 +194,7 @@ type Identity struct {
 
 // SetIdentity sets this member's instance and flags; call it before
 // Connect (it overrides the config).
-func (p *GroupFC) SetIdentity(id Identity) {
+func (p *GROUPFC) SetIdentity(id Identity) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cfg.Instance, p.cfg.Loopback, p.cfg.MemberEvents = id.Instance, id.Loopback, id.MemberEvents
@@ -202,7 +202,7 @@ func (p *GroupFC) SetIdentity(id Identity) {
 
 // ---- the outbox
 
-func (p *GroupFC) takeOut() []protoMsg {
+func (p *GROUPFC) takeOut() []protoMsg {
 	g := p.g
 	if g == nil {
 		return nil
@@ -222,7 +222,7 @@ func (p *GroupFC) takeOut() []protoMsg {
 // them in order with the data this member sent before them (a REMIT
 // must come after the data it accounts for, a LEAVE after the leaver's
 // last unicast), as TIPC's link does. Never reflected to their sender.
-func (p *GroupFC) sendOut(out []protoMsg) {
+func (p *GROUPFC) sendOut(out []protoMsg) {
 	for _, o := range out {
 		m := stack.NewMessage(o.to, nil).Set(stack.Internal)
 		m.PutHeader(p.ID(), o.h)
@@ -233,7 +233,7 @@ func (p *GroupFC) sendOut(out []protoMsg) {
 // ---- receiving
 
 // Up runs group messages; others pass.
-func (p *GroupFC) Up(m *stack.Message) {
+func (p *GROUPFC) Up(m *stack.Message) {
 	h, ok := m.Header(p.ID()).(*Header)
 	if !ok {
 		p.PassUp(m)
@@ -282,7 +282,7 @@ func (p *GroupFC) Up(m *stack.Message) {
 // the caller is the lane that brings that member's ADV, ACK, REMIT and
 // LEAVE, and a Receive that waits for a window (a reply sent from
 // Receive) or is merely slow must not hold them back.
-func (p *GroupFC) afterLocked() {
+func (p *GROUPFC) afterLocked() {
 	ready := p.g.nready
 	p.g.nready = nil
 	var start []*member
@@ -304,7 +304,7 @@ func (p *GroupFC) afterLocked() {
 // so one goroutine at a time delivers a member's queue. After the layer
 // above has taken a data message, the receive window is updated (that is
 // the "read").
-func (p *GroupFC) drain(m *member) {
+func (p *GROUPFC) drain(m *member) {
 	p.mu.Lock()
 again:
 	for len(m.ready) > 0 {
@@ -371,7 +371,7 @@ type MemberInfo struct {
 }
 
 // Members returns every known member, in address order.
-func (p *GroupFC) Members() []MemberInfo {
+func (p *GROUPFC) Members() []MemberInfo {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.g == nil {
@@ -390,7 +390,7 @@ func (p *GroupFC) Members() []MemberInfo {
 }
 
 // Stats reports GROUPFC's counters.
-func (p *GroupFC) Stats() []stack.Stat {
+func (p *GROUPFC) Stats() []stack.Stat {
 	p.mu.Lock()
 	var members, active, pending, deferred, small, reclaims, remits, acks int64
 	var activePeak, unread, unreadPeak, overruns, overrunDrops, staleJoins int64

@@ -24,9 +24,9 @@ import (
 
 // cluster starts n members over SIM with NAKACK, UNICAST2 and GROUPFC
 // (cfg(i) configures member i's GROUPFC) and one injected view.
-func cluster(t *testing.T, n int, seed uint64, cfg func(i int) groupfc.Config) (*stacktest.Cluster, []*groupfc.GroupFC) {
+func cluster(t *testing.T, n int, seed uint64, cfg func(i int) groupfc.Config) (*stacktest.Cluster, []*groupfc.GROUPFC) {
 	t.Helper()
-	gs := make([]*groupfc.GroupFC, n)
+	gs := make([]*groupfc.GROUPFC, n)
 	c := stacktest.StartSIM(t, n, seed, func(i int) []stack.Protocol {
 		nc := nakack.DefaultConfig()
 		nc.XmitInterval = 100 * time.Millisecond
@@ -379,7 +379,7 @@ func TestBroadcastsUnderLossArriveOnceInOrder(t *testing.T) {
 func TestGroupOverFullMembershipStack(t *testing.T) {
 	grouptest.Seeds(t, func(t *testing.T, seed uint64) {
 		l := grouptest.New(t, seed)
-		gs := map[int]*groupfc.GroupFC{}
+		gs := map[int]*groupfc.GROUPFC{}
 		l.Top = func(i int) []stack.Protocol {
 			cfg := groupfc.DefaultConfig()
 			cfg.MemberEvents = true
@@ -628,7 +628,7 @@ func TestLeaverStopsWaitingAfterMaxLeaveWait(t *testing.T) {
 // lateAtA starts A and B, has B broadcast "b0" (the first broadcast after
 // the JOINs, a replicast) and makes B's messages that match late at A,
 // below NAKACK, until let is called.
-func lateAtA(t *testing.T, match func(*stack.Message) bool) (c *stacktest.Cluster, gs []*groupfc.GroupFC, let func()) {
+func lateAtA(t *testing.T, match func(*stack.Message) bool) (c *stacktest.Cluster, gs []*groupfc.GROUPFC, let func()) {
 	c, gs = cluster(t, 2, 1, func(int) groupfc.Config { return groupfc.DefaultConfig() })
 	b := c.Addresses()[1]
 	require.NoError(t, gs[1].Broadcast(t.Context(), []byte("b0")))

@@ -13,7 +13,7 @@ import (
 // ---- membership
 
 // unawait stops waiting for a's LEAVE_ACK; callers hold p.mu.
-func (p *GroupFC) unawait(a stack.Address) {
+func (p *GROUPFC) unawait(a stack.Address) {
 	if p.leaveWait[a] {
 		delete(p.leaveWait, a)
 		if len(p.leaveWait) == 0 {
@@ -23,7 +23,7 @@ func (p *GroupFC) unawait(a stack.Address) {
 }
 
 // awaited returns the members whose LEAVE_ACK this member still awaits.
-func (p *GroupFC) awaited() []stack.Address {
+func (p *GROUPFC) awaited() []stack.Address {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.SortedFunc(maps.Keys(p.leaveWait), stack.Address.Compare)
@@ -31,7 +31,7 @@ func (p *GroupFC) awaited() []stack.Address {
 
 // DownEvent follows the view (members appear and disappear) and sends
 // LEAVE to every member on disconnect.
-func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (p *GROUPFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if v := e.View; v != nil {
@@ -114,7 +114,7 @@ func (p *GroupFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 
 // Start makes the group: a peer's JOIN may come before this member's
 // first view.
-func (p *GroupFC) Start() error {
+func (p *GROUPFC) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	self := p.LocalAddress()
@@ -132,7 +132,7 @@ func (p *GroupFC) Start() error {
 	return nil
 }
 
-func (p *GroupFC) viewChange(v *stack.View) {
+func (p *GROUPFC) viewChange(v *stack.View) {
 	self := p.LocalAddress()
 	p.mu.Lock()
 	if p.g == nil {
@@ -196,7 +196,7 @@ func (p *GroupFC) viewChange(v *stack.View) {
 
 // UpEvent notes suspected members: when the view drops them, their node is
 // down and no LEAVE is awaited.
-func (p *GroupFC) UpEvent(ev stack.Event) (any, error) {
+func (p *GROUPFC) UpEvent(ev stack.Event) (any, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		// Above the membership layer, which passes views up.

@@ -143,9 +143,9 @@ func TestNothingQueuedBehindADownIsDeliveredAfterTheMemberIsDeleted(t *testing.T
 
 // seedCluster starts n members over SIM with NAKACK, UNICAST2 and GROUPFC
 // and one injected view, and waits until they have joined each other.
-func seedCluster(t *testing.T, n int, cfg func(i int) Config) (*stacktest.Cluster, []*GroupFC) {
+func seedCluster(t *testing.T, n int, cfg func(i int) Config) (*stacktest.Cluster, []*GROUPFC) {
 	t.Helper()
-	gs := make([]*GroupFC, n)
+	gs := make([]*GROUPFC, n)
 	c := stacktest.StartSIM(t, n, 1, func(i int) []stack.Protocol {
 		nc := nakack.DefaultConfig()
 		nc.XmitInterval = 100 * time.Millisecond

@@ -12,51 +12,51 @@ import (
 
 // Broadcast sends payload to every member, waiting while a receiver's
 // window is too small.
-func (p *GroupFC) Broadcast(ctx context.Context, payload []byte) error {
+func (p *GROUPFC) Broadcast(ctx context.Context, payload []byte) error {
 	return p.broadcast(ctx, stack.NewMessage(stack.Address{}, payload), typeBcast, 0, true)
 }
 
 // TryBroadcast is Broadcast that returns ErrWouldBlock instead of waiting.
-func (p *GroupFC) TryBroadcast(payload []byte) error {
+func (p *GROUPFC) TryBroadcast(payload []byte) error {
 	return p.broadcast(context.Background(), stack.NewMessage(stack.Address{}, payload), typeBcast, 0, false)
 }
 
 // Multicast sends payload to every member of instance inst (as a unicast
 // if there is exactly one).
-func (p *GroupFC) Multicast(ctx context.Context, inst uint64, payload []byte) error {
+func (p *GROUPFC) Multicast(ctx context.Context, inst uint64, payload []byte) error {
 	return p.multicast(ctx, inst, payload, true)
 }
 
 // TryMulticast is Multicast that returns ErrWouldBlock instead of waiting.
-func (p *GroupFC) TryMulticast(inst uint64, payload []byte) error {
+func (p *GROUPFC) TryMulticast(inst uint64, payload []byte) error {
 	return p.multicast(context.Background(), inst, payload, false)
 }
 
 // Anycast sends payload to one member of instance inst: the next one,
 // round robin, whose window takes it, or else waits for the first. It
 // returns the member chosen.
-func (p *GroupFC) Anycast(ctx context.Context, inst uint64, payload []byte) (stack.Address, error) {
+func (p *GROUPFC) Anycast(ctx context.Context, inst uint64, payload []byte) (stack.Address, error) {
 	return p.anycast(ctx, inst, payload, true)
 }
 
 // TryAnycast is Anycast that returns ErrWouldBlock instead of waiting.
-func (p *GroupFC) TryAnycast(inst uint64, payload []byte) (stack.Address, error) {
+func (p *GROUPFC) TryAnycast(inst uint64, payload []byte) (stack.Address, error) {
 	return p.anycast(context.Background(), inst, payload, false)
 }
 
 // Unicast sends payload to member dest.
-func (p *GroupFC) Unicast(ctx context.Context, dest stack.Address, payload []byte) error {
+func (p *GROUPFC) Unicast(ctx context.Context, dest stack.Address, payload []byte) error {
 	return p.unicast(ctx, stack.NewMessage(dest, payload), true)
 }
 
 // TryUnicast is Unicast that returns ErrWouldBlock instead of waiting.
-func (p *GroupFC) TryUnicast(dest stack.Address, payload []byte) error {
+func (p *GROUPFC) TryUnicast(dest stack.Address, payload []byte) error {
 	return p.unicast(context.Background(), stack.NewMessage(dest, payload), false)
 }
 
 // Down sends the application's messages through the group: a multicast as
 // a broadcast, a unicast as a unicast. Internal and NO_FC messages pass.
-func (p *GroupFC) Down(ctx context.Context, m *stack.Message) error {
+func (p *GROUPFC) Down(ctx context.Context, m *stack.Message) error {
 	if m.Has(stack.Internal) || m.Has(stack.NoFC) || m.Header(p.ID()) != nil {
 		return p.PassDown(ctx, m)
 	}
@@ -68,7 +68,7 @@ func (p *GroupFC) Down(ctx context.Context, m *stack.Message) error {
 
 // wait blocks until the group state changes (or ctx ends); callers hold
 // p.mu and sendMu, which it releases while waiting and takes again.
-func (p *GroupFC) wait(ctx context.Context, block bool, since *time.Time) error {
+func (p *GROUPFC) wait(ctx context.Context, block bool, since *time.Time) error {
 	if !block {
 		p.wouldBlock.Add(1)
 		return ErrWouldBlock
@@ -98,7 +98,7 @@ func (p *GroupFC) wait(ctx context.Context, block bool, since *time.Time) error 
 // acquire takes sendMu and mu and waits until ready says the send may go
 // (true) or must fail (an error); it returns holding both locks when the
 // send may go, and neither on an error.
-func (p *GroupFC) acquire(ctx context.Context, block bool, since *time.Time, ready func() (bool, error)) error {
+func (p *GROUPFC) acquire(ctx context.Context, block bool, since *time.Time, ready func() (bool, error)) error {
 	p.sendMu.Lock()
 	p.mu.Lock()
 	for {
@@ -120,13 +120,13 @@ func (p *GroupFC) acquire(ctx context.Context, block bool, since *time.Time, rea
 	}
 }
 
-func (p *GroupFC) endWait(since time.Time) {
+func (p *GROUPFC) endWait(since time.Time) {
 	if !since.IsZero() {
 		p.blockedNanos.Add(int64(time.Since(since)))
 	}
 }
 
-func (p *GroupFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, inst uint64, block bool) error {
+func (p *GROUPFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, inst uint64, block bool) error {
 	if len(m.Payload) > MaxMessageSize {
 		return ErrTooLarge
 	}
@@ -171,7 +171,7 @@ func (p *GroupFC) broadcast(ctx context.Context, m *stack.Message, typ uint8, in
 	return err
 }
 
-func (p *GroupFC) multicast(ctx context.Context, inst uint64, payload []byte, block bool) error {
+func (p *GROUPFC) multicast(ctx context.Context, inst uint64, payload []byte, block bool) error {
 	p.mu.Lock()
 	if p.g == nil || !p.g.joined {
 		p.mu.Unlock()
@@ -189,7 +189,7 @@ func (p *GroupFC) multicast(ctx context.Context, inst uint64, payload []byte, bl
 	return p.broadcast(ctx, stack.NewMessage(stack.Address{}, payload), typeMcast, inst, block)
 }
 
-func (p *GroupFC) unicast(ctx context.Context, m *stack.Message, block bool) error {
+func (p *GROUPFC) unicast(ctx context.Context, m *stack.Message, block bool) error {
 	if len(m.Payload) > MaxMessageSize {
 		return ErrTooLarge
 	}
@@ -213,7 +213,7 @@ func (p *GroupFC) unicast(ctx context.Context, m *stack.Message, block bool) err
 
 // sendUnicastLocked sends m to r; callers hold sendMu and mu, which it
 // releases.
-func (p *GroupFC) sendUnicastLocked(ctx context.Context, m *stack.Message, r *member, blks int) error {
+func (p *GROUPFC) sendUnicastLocked(ctx context.Context, m *stack.Message, r *member, blks int) error {
 	if r.addr == p.g.self {
 		p.mu.Unlock()
 		p.sendMu.Unlock()
@@ -232,7 +232,7 @@ func (p *GroupFC) sendUnicastLocked(ctx context.Context, m *stack.Message, r *me
 	return err
 }
 
-func (p *GroupFC) anycast(ctx context.Context, inst uint64, payload []byte, block bool) (stack.Address, error) {
+func (p *GROUPFC) anycast(ctx context.Context, inst uint64, payload []byte, block bool) (stack.Address, error) {
 	if len(payload) > MaxMessageSize {
 		return stack.Address{}, ErrTooLarge
 	}
@@ -263,7 +263,7 @@ func (p *GroupFC) anycast(ctx context.Context, inst uint64, payload []byte, bloc
 }
 
 // deliverOwn passes up this member's own message (loopback).
-func (p *GroupFC) deliverOwn(m *stack.Message) {
+func (p *GROUPFC) deliverOwn(m *stack.Message) {
 	c := m.Copy()
 	c.Src = p.LocalAddress()
 	p.mu.Lock()

@@ -2,4 +2,4 @@ package unicast2
 
 // DisableFixForTest makes the layer behave like JGroups' UNICAST2 (no
 // tombstones, no timestamps, no STABLE on close), to show the tests fail.
-func (u *Unicast2) DisableFixForTest() { u.fixOff = true }
+func (u *UNICAST2) DisableFixForTest() { u.fixOff = true }

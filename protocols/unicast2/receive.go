@@ -9,7 +9,7 @@ import (
 // ---- receiving ----
 
 // Up handles one message carrying a UNICAST2 header.
-func (u *Unicast2) Up(m *stack.Message) {
+func (u *UNICAST2) Up(m *stack.Message) {
 	if u.handle(m) {
 		u.deliverFrom(m.Src)
 	}
@@ -17,7 +17,7 @@ func (u *Unicast2) Up(m *stack.Message) {
 
 // UpBatch handles the batch's UNICAST2 messages under one pass and delivers
 // in-order messages as batches; other messages go up as they are.
-func (u *Unicast2) UpBatch(b *stack.Batch) {
+func (u *UNICAST2) UpBatch(b *stack.Batch) {
 	srcs := map[stack.Address]bool{}
 	b.Keep(func(m *stack.Message) bool {
 		if m.Header(u.ID()) == nil {
@@ -36,7 +36,7 @@ func (u *Unicast2) UpBatch(b *stack.Batch) {
 
 // handle processes m and reports whether messages from m.Src may now be
 // deliverable in order.
-func (u *Unicast2) handle(m *stack.Message) bool {
+func (u *UNICAST2) handle(m *stack.Message) bool {
 	h, ok := m.Header(u.ID()).(*Header)
 	if !ok {
 		u.PassUp(m)
@@ -55,7 +55,7 @@ func (u *Unicast2) handle(m *stack.Message) bool {
 	return false
 }
 
-func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
+func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 	u.st.received.Add(1)
 	if h.Seqno == 0 {
 		u.st.impossible.Add(1) // seqnos start at 1
@@ -148,7 +148,7 @@ func (u *Unicast2) handleData(m *stack.Message, h *Header) bool {
 
 // deliverFrom passes up, in order, what can be delivered from src. One
 // goroutine at a time delivers per source; others leave their messages to it.
-func (u *Unicast2) deliverFrom(src stack.Address) {
+func (u *UNICAST2) deliverFrom(src stack.Address) {
 	u.mu.Lock()
 	e := u.recv[src]
 	if e == nil || e.removing {
@@ -206,7 +206,7 @@ func (u *Unicast2) deliverFrom(src stack.Address) {
 }
 
 // mayAskFirst applies the SEND_FIRST_SEQNO rate limit; callers hold u.mu.
-func (u *Unicast2) mayAskFirst(src stack.Address, now time.Time) bool {
+func (u *UNICAST2) mayAskFirst(src stack.Address, now time.Time) bool {
 	if last, ok := u.syncSent[src]; ok && now.Sub(last) < u.cfg.SyncMinInterval {
 		return false
 	}
@@ -214,7 +214,7 @@ func (u *Unicast2) mayAskFirst(src stack.Address, now time.Time) bool {
 	return true
 }
 
-func (u *Unicast2) askFirst(src stack.Address) {
+func (u *UNICAST2) askFirst(src stack.Address) {
 	u.st.firstSent.Add(1)
 	u.control(src, &Header{Type: typeSendFirstSeqno, Timestamp: u.clock.Add(1)})
 }

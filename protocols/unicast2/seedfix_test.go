@@ -220,7 +220,7 @@ func (g *gate) delivered() []int {
 // the resync, which continues after seqno 1, delivers it again.
 func TestConnectionClosedDuringADeliveryDeliversNoMore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var u [2]*unicast2.Unicast2
+		var u [2]*unicast2.UNICAST2
 		var d [2]*discard.Discard
 		g := &gate{hold: 0, release: make(chan struct{})}
 		c := stacktest.StartSIM(t, 2, 1, func(i int) []stack.Protocol {

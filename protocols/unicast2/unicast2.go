@@ -87,8 +87,8 @@ func init() {
 	})
 }
 
-// Unicast2 is the UNICAST2 protocol.
-type Unicast2 struct {
+// UNICAST2 is the UNICAST2 protocol.
+type UNICAST2 struct {
 	stack.Base
 	cfg Config
 
@@ -184,21 +184,21 @@ type tombstone struct {
 	at     time.Time
 }
 
-var _ stack.Protocol = (*Unicast2)(nil)
+var _ stack.Protocol = (*UNICAST2)(nil)
 
 // New returns a UNICAST2 layer.
-func New(cfg Config) *Unicast2 {
-	return &Unicast2{
+func New(cfg Config) *UNICAST2 {
+	return &UNICAST2{
 		cfg: cfg, send: map[stack.Address]*sendEntry{}, recv: map[stack.Address]*recvEntry{},
 		tombs: map[stack.Address]tombstone{}, syncSent: map[stack.Address]time.Time{},
 	}
 }
 
 // Name returns "UNICAST2".
-func (u *Unicast2) Name() string { return "UNICAST2" }
+func (u *UNICAST2) Name() string { return "UNICAST2" }
 
 // Init validates the config.
-func (u *Unicast2) Init() error {
+func (u *UNICAST2) Init() error {
 	u.nextConn = uint16(u.Rand().Uint64()) // connection ids differ across instances
 	return u.cfg.Validate()
 }
@@ -208,7 +208,7 @@ func (u *Unicast2) Init() error {
 // not in Stop: while the stack stops, messages still on their way up must
 // meet the connections they belong to, or a resent first message would
 // open a new one and be delivered again.
-func (u *Unicast2) Start() error {
+func (u *UNICAST2) Start() error {
 	u.mu.Lock()
 	clear(u.send)
 	clear(u.recv)
@@ -235,7 +235,7 @@ func newer(a, b uint32) bool { return int32(a-b) > 0 }
 
 // Down numbers unicasts and keeps them until they are stable. Multicasts,
 // NO_RELIABILITY messages and unicasts to self pass untouched.
-func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
+func (u *UNICAST2) Down(ctx context.Context, m *stack.Message) error {
 	if m.IsMulticast() || m.Has(stack.NoReliability) || m.Dest == u.LocalAddress() {
 		return u.PassDown(ctx, m)
 	}
@@ -270,19 +270,19 @@ func (u *Unicast2) Down(ctx context.Context, m *stack.Message) error {
 }
 
 // control sends a UNICAST2 control message on the internal lane.
-func (u *Unicast2) control(dest stack.Address, h *Header) {
+func (u *UNICAST2) control(dest stack.Address, h *Header) {
 	m := stack.NewMessage(dest, nil).Set(stack.Internal)
 	m.PutHeader(u.ID(), h)
 	_ = u.PassDown(u.Context(), m)
 }
 
-func (u *Unicast2) resend(m *stack.Message) {
+func (u *UNICAST2) resend(m *stack.Message) {
 	u.st.xmits.Add(1)
 	_ = u.PassDown(u.Context(), m)
 }
 
 // asFirst returns a copy of m marked as the first message of its connection.
-func (u *Unicast2) asFirst(m *stack.Message) *stack.Message {
+func (u *UNICAST2) asFirst(m *stack.Message) *stack.Message {
 	h := *m.Header(u.ID()).(*Header)
 	h.First = true
 	c := m.Copy()
@@ -293,7 +293,7 @@ func (u *Unicast2) asFirst(m *stack.Message) *stack.Message {
 // acceptTimestamp records ts from e's receiver and reports whether it is
 // newer than any seen before: STABLEs and SEND_FIRST_SEQNOs produced before
 // a resync are ignored (JGRP-1875). Callers hold u.mu.
-func (u *Unicast2) acceptTimestamp(e *sendEntry, ts uint32) bool {
+func (u *UNICAST2) acceptTimestamp(e *sendEntry, ts uint32) bool {
 	if u.fixOff {
 		return true
 	}
@@ -304,7 +304,7 @@ func (u *Unicast2) acceptTimestamp(e *sendEntry, ts uint32) bool {
 	return true
 }
 
-func (u *Unicast2) handleStable(src stack.Address, h *Header) {
+func (u *UNICAST2) handleStable(src stack.Address, h *Header) {
 	u.st.stableRecv.Add(1)
 	var resend []*stack.Message
 	u.mu.Lock()
@@ -345,7 +345,7 @@ func (u *Unicast2) handleStable(src stack.Address, h *Header) {
 	}
 }
 
-func (u *Unicast2) handleSendFirstSeqno(src stack.Address, h *Header) {
+func (u *UNICAST2) handleSendFirstSeqno(src stack.Address, h *Header) {
 	u.st.firstRecv.Add(1)
 	u.mu.Lock()
 	e := u.send[src]
@@ -371,7 +371,7 @@ func (u *Unicast2) handleSendFirstSeqno(src stack.Address, h *Header) {
 	}
 }
 
-func (u *Unicast2) handleXmitReq(src stack.Address, h *Header) {
+func (u *UNICAST2) handleXmitReq(src stack.Address, h *Header) {
 	u.st.xmitReqRecv.Add(1)
 	var out []*stack.Message
 	u.mu.Lock()
@@ -401,7 +401,7 @@ func (u *Unicast2) handleXmitReq(src stack.Address, h *Header) {
 
 // stableHeader builds a STABLE for e and resets its byte count; callers
 // hold u.mu.
-func (u *Unicast2) stableHeader(e *recvEntry) *Header {
+func (u *UNICAST2) stableHeader(e *recvEntry) *Header {
 	e.bytes = 0
 	hd, hr := e.next-1, max(e.highest, e.next-1)
 	if hd == e.lastHD && hr == e.lastHR {
@@ -412,14 +412,14 @@ func (u *Unicast2) stableHeader(e *recvEntry) *Header {
 	return &Header{Type: typeStable, ConnID: e.connID, HD: hd, HR: hr, Timestamp: u.clock.Add(1)}
 }
 
-func (u *Unicast2) sendStable(dest stack.Address, h *Header) {
+func (u *UNICAST2) sendStable(dest stack.Address, h *Header) {
 	u.st.stableSent.Add(1)
 	u.control(dest, h)
 }
 
 // sendStables sends a STABLE to every sender (periodically, skipping those
 // repeated max_stable_msgs times unchanged, unless all is set).
-func (u *Unicast2) sendStables(all bool) {
+func (u *UNICAST2) sendStables(all bool) {
 	type out struct {
 		dest stack.Address
 		h    *Header
@@ -440,11 +440,11 @@ func (u *Unicast2) sendStables(all bool) {
 
 // SendStables sends a STABLE to every sender now (JGroups'
 // sendPendingAcks); tests use it to place STABLEs exactly.
-func (u *Unicast2) SendStables() { u.sendStables(true) }
+func (u *UNICAST2) SendStables() { u.sendStables(true) }
 
 // xmitTask asks senders for missing messages, resends the newest message of
 // send windows that have made no progress, and reaps idle connections.
-func (u *Unicast2) xmitTask() {
+func (u *UNICAST2) xmitTask() {
 	now := time.Now()
 	type req struct {
 		dest stack.Address
@@ -534,7 +534,7 @@ func (u *Unicast2) xmitTask() {
 // CloseReceiveConnection closes the receive window from src, as when src
 // leaves the view: it sends the pending STABLE first and remembers the
 // connection, so a resync continues after what was delivered.
-func (u *Unicast2) CloseReceiveConnection(src stack.Address) {
+func (u *UNICAST2) CloseReceiveConnection(src stack.Address) {
 	u.mu.Lock()
 	e := u.recv[src]
 	if e == nil {
@@ -563,14 +563,14 @@ func (u *Unicast2) CloseReceiveConnection(src stack.Address) {
 
 // CloseSendConnection drops the send window to dest; the next message to
 // dest opens a new connection.
-func (u *Unicast2) CloseSendConnection(dest stack.Address) {
+func (u *UNICAST2) CloseSendConnection(dest stack.Address) {
 	u.mu.Lock()
 	delete(u.send, dest)
 	u.mu.Unlock()
 }
 
 // DownEvent closes the connections of members that left the view.
-func (u *Unicast2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (u *UNICAST2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			u.viewChange(v)
@@ -579,7 +579,7 @@ func (u *Unicast2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	return u.PassDownEvent(ctx, ev)
 }
 
-func (u *Unicast2) viewChange(v *stack.View) {
+func (u *UNICAST2) viewChange(v *stack.View) {
 	var gone []stack.Address
 	u.mu.Lock()
 	for a := range u.recv {
@@ -599,7 +599,7 @@ func (u *Unicast2) viewChange(v *stack.View) {
 }
 
 // Stats reports UNICAST2's counters.
-func (u *Unicast2) Stats() []stack.Stat {
+func (u *UNICAST2) Stats() []stack.Stat {
 	u.mu.Lock()
 	nsend, nrecv, ntomb := len(u.send), len(u.recv), len(u.tombs)
 	var held int64

@@ -36,7 +36,7 @@ func hdr(m *stack.Message) *unicast2.Header {
 // pair starts A and B on SIM, each SIM | DISCARD | extra | UNICAST2.
 type pair struct {
 	c        *stacktest.Cluster
-	u        [2]*unicast2.Unicast2
+	u        [2]*unicast2.UNICAST2
 	d        [2]*discard.Discard
 	a, b     *stack.Channel
 	aa, ba   stack.Address
