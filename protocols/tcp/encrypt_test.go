@@ -31,30 +31,7 @@ func TestEncryptBindsAddressesOverTCP(t *testing.T) {
 	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("sealed"))))
 	stacktest.WaitFor(t, wait, func() bool { return b.col.Len() == 1 }, "members with the key talk over TCP")
 
-	// The attacker listens (to see what it would get) and connects to A
-	// claiming that listening address, with a bundle in B's name.
-	trap, err := net.Listen("tcp4", "127.0.0.1:0")
-	require.NoError(t, err)
-	var caught atomic.Int64
-	accepted := make(chan struct{})
-	defer func() { _ = trap.Close(); <-accepted }()
-	go func() {
-		defer close(accepted)
-		for {
-			c, err := trap.Accept()
-			if err != nil {
-				return
-			}
-			caught.Add(1)
-			_ = c.Close()
-		}
-	}()
-	c, err := net.Dial("tcp4", a.tcp.PhysicalAddress().String())
-	require.NoError(t, err)
-	defer c.Close()
-	bundle := stack.EncodeBundle(nil, "sealed", b.ch.Address(), false, stack.NewMessage(a.ch.Address(), []byte("forged")))
-	_, err = c.Write(append(binary.BigEndian.AppendUint32(hello(uint16(trap.Addr().(*net.TCPAddr).Port)), uint32(len(bundle))), bundle...))
-	require.NoError(t, err)
+	caught := forgeAs(t, a, b, "sealed")
 	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.tcp, "addr_moves_unproven") == 1 }, "the claim is counted")
 
 	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("still to b"))))
@@ -78,11 +55,28 @@ func TestForgedPreambleCannotMoveALiveMembersAddress(t *testing.T) {
 	require.NoError(t, b.ch.Send(context.Background(), stack.NewMessage(a.ch.Address(), []byte("from b"))))
 	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 1 }, "A heard from B at B's address")
 
+	caught := forgeAs(t, a, b, "open")
+	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 2 }, "A took the forged bundle (nothing authenticates it here)")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.tcp, "addr_moves_refused") == 1 }, "the move is refused and counted")
+	at, err := a.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
+	require.NoError(t, err)
+	require.Equal(t, b.tcp.PhysicalAddress(), at, "A still has B at B's own address")
+
+	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("still to b"))))
+	stacktest.WaitFor(t, wait, func() bool { return b.col.Len() == 1 }, "A's messages still reach B")
+	require.Zero(t, caught.Load(), "nothing was sent to the claimed address")
+}
+
+// forgeAs is the attacker: it listens (to count what it would get) and
+// connects to a claiming that listening address, with a bundle in b's name
+// for cluster; it returns the count of connections made to it.
+func forgeAs(t *testing.T, a, b *member, cluster string) *atomic.Int64 {
+	t.Helper()
 	trap, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
 	var caught atomic.Int64
 	accepted := make(chan struct{})
-	defer func() { _ = trap.Close(); <-accepted }()
+	t.Cleanup(func() { _ = trap.Close(); <-accepted })
 	go func() {
 		defer close(accepted)
 		for {
@@ -96,17 +90,9 @@ func TestForgedPreambleCannotMoveALiveMembersAddress(t *testing.T) {
 	}()
 	c, err := net.Dial("tcp4", a.tcp.PhysicalAddress().String())
 	require.NoError(t, err)
-	defer c.Close()
-	bundle := stack.EncodeBundle(nil, "open", b.ch.Address(), false, stack.NewMessage(a.ch.Address(), []byte("forged")))
+	t.Cleanup(func() { _ = c.Close() })
+	bundle := stack.EncodeBundle(nil, cluster, b.ch.Address(), false, stack.NewMessage(a.ch.Address(), []byte("forged")))
 	_, err = c.Write(append(binary.BigEndian.AppendUint32(hello(uint16(trap.Addr().(*net.TCPAddr).Port)), uint32(len(bundle))), bundle...))
 	require.NoError(t, err)
-	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 2 }, "A took the forged bundle (nothing authenticates it here)")
-	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.tcp, "addr_moves_refused") == 1 }, "the move is refused and counted")
-	at, err := a.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
-	require.NoError(t, err)
-	require.Equal(t, b.tcp.PhysicalAddress(), at, "A still has B at B's own address")
-
-	require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(b.ch.Address(), []byte("still to b"))))
-	stacktest.WaitFor(t, wait, func() bool { return b.col.Len() == 1 }, "A's messages still reach B")
-	require.Zero(t, caught.Load(), "nothing was sent to the claimed address")
+	return &caught
 }
