@@ -3,6 +3,7 @@ package gms_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -554,5 +555,43 @@ func TestLeavingCoordinatorMergesNothing(t *testing.T) {
 		require.Equal(t, before, stacktest.Stat(t, coord.GMS, "merges"), "the leaving coordinator led a merge")
 		require.Len(t, left[0].Ch.View().Members, 2, "a merge took in the leaving coordinator's subgroup: %s", left[0].Ch.View())
 		require.Len(t, right[0].Ch.View().Members, 1, "a merge took in the leaving coordinator's subgroup: %s", right[0].Ch.View())
+	})
+}
+
+// TestMergeLeaderAsksABusyCoordinatorAgain: two coordinators lead a merge
+// at the same moment (each heard only part of the other's subgroup, as in
+// scenario D under loss): C's merge asks only B, which is not a
+// coordinator, and is bound to fail; A's asks C, busy with its own. A asks
+// again a moment later, when C is free, and the merge is done in A's one
+// attempt, not a whole check_interval later (scenario D, seed 280: 48 s
+// more to one view).
+func TestMergeLeaderAsksABusyCoordinatorAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(3)
+		var left []*grouptest.Member
+		var c *grouptest.Member
+		for _, m := range ms {
+			if c == nil && m.Addr() != ms[0].Ch.View().Coordinator() {
+				c = m
+				continue
+			}
+			left = append(left, m)
+		}
+		l.Net.Partition([]stack.Address{left[0].Addr(), left[1].Addr()}, []stack.Address{c.Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return grouptest.SameView(left...) && c.Ch.View().Size() == 1 && left[0].Ch.View().Size() == 2
+		}, "two subgroups")
+		a, b := left[0], left[1]
+		if b.Addr() == b.Ch.View().Coordinator() {
+			a, b = b, a
+		}
+		l.Net.Heal()
+		var wg sync.WaitGroup
+		wg.Go(func() { gms.RunMerge(c.GMS, []stack.Address{c.Addr(), b.Addr()}) })
+		gms.RunMerge(a.GMS, []stack.Address{a.Addr(), c.Addr()})
+		wg.Wait()
+		require.True(t, grouptest.SameView(ms...), "one view after A's merge: %s, %s, %s", ms[0].Ch.View(), ms[1].Ch.View(), ms[2].Ch.View())
+		require.True(t, a.Ch.View().IsMerge())
 	})
 }

@@ -49,6 +49,19 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	if !ok {
 		return
 	}
+	for try := 0; len(subs) < 2 && ms.ask.busy && try < mergeBusyRetries; try++ {
+		// Another leader's merge held a coordinator (two coordinators that
+		// each heard only part of the other's subgroup led at once, and
+		// the other's merge is bound to fail): ask again shortly, not a
+		// whole check_interval later. Meanwhile this member is free to
+		// take part in that other merge; if it does, it stops here.
+		if !g.pauseMerge(ms) {
+			return
+		}
+		if subs, ok = g.collectMerge(ms, v, others); !ok {
+			return
+		}
+	}
 	if len(subs) < 2 {
 		g.count.mergesFailed.Add(1)
 		for _, c := range others {
@@ -125,6 +138,38 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	// up): its flush stops in it, and the group may send again.
 	stopped = true
 	g.announce(newMergeCast(self, &g.count, g.cfg, ms.id, mv, digest, without), nil)
+}
+
+// mergeBusyRetries is how many times a merge leader asks again the
+// coordinators that were busy with another merge.
+const mergeBusyRetries = 2
+
+// pauseMerge waits a random 1-3 s with ms off (so this member may take
+// part in another leader's merge) and takes ms up again; it reports false
+// when the merge must not go on: the stack stops, this member left, its
+// view changed, or another merge took it.
+func (g *GMS) pauseMerge(ms *mergeState) bool {
+	g.mu.Lock()
+	v := g.view
+	if g.merge == ms {
+		g.merge = nil
+	}
+	g.mu.Unlock()
+	t := time.NewTimer(time.Second + g.Rand().Duration(2*time.Second))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-g.Done():
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.merge != nil || g.leaving || g.view != v || g.coordLocked() != g.LocalAddress() {
+		return false
+	}
+	ms.until = time.Now().Add(g.cfg.MergeTimeout)
+	g.merge = ms
+	return true
 }
 
 // mergeSub is one subgroup of a merge: its view and its coordinator's digest.

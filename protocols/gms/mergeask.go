@@ -26,6 +26,7 @@ type mergeAsk struct {
 	timeout time.Duration
 	retry   stack.Retry
 	over    bool
+	busy    bool // a coordinator refused: busy with another merge
 }
 
 // newMergeAsk asks coords, at now, under id; own is the leader's subgroup.
@@ -48,6 +49,9 @@ func (a *mergeAsk) answer(src stack.Address, h *Header) (bool, []effect) {
 		return false, nil
 	}
 	delete(a.asked, src)
+	if h.Fail == failMergeBusy {
+		a.busy = true
+	}
 	if h.Fail != "" || h.View == nil {
 		return true, []effect{logLine{slog.LevelInfo, "merge refused", []any{"by", src, "reason", h.Fail}}}
 	}

@@ -167,6 +167,10 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 // leader's view (it went on without self) or suspected (it crashed or
 // left), what is left of v without the leader's members and the
 // suspected, if self is the first of them: nobody else coordinates them.
+// failMergeBusy is a coordinator's refusal while it takes part in another
+// leader's merge (or leads one); the leader asks again shortly.
+const failMergeBusy = "busy with another merge"
+
 func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, suspected func(stack.Address) bool, cur *mergeState, id MergeID, now time.Time) (sub *stack.View, fail string, ignore bool) {
 	sub = v
 	if v != nil && coord != self {
@@ -181,7 +185,7 @@ func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, suspected
 	case cur != nil && cur.id.Leader == id.Leader && id.N < cur.id.N:
 		return nil, "", true
 	case cur != nil && cur.id.Leader != id.Leader && now.Before(cur.until):
-		return nil, "busy with another merge", false
+		return nil, failMergeBusy, false
 	case sub.Contains(src):
 		return nil, "already in one view", false
 	}
