@@ -15,10 +15,7 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	self := g.LocalAddress()
 	g.mu.Lock()
 	v := g.view
-	// A leaving coordinator merges nothing: it has made (or is making) a
-	// view without itself from this one, and a merge view planned from the
-	// same view would get the same id.
-	if v == nil || g.leaving || g.coordLocked() != self || g.merge != nil {
+	if !g.mayLeadMergeLocked() {
 		g.mu.Unlock()
 		return
 	}
@@ -140,6 +137,14 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	g.announce(newMergeCast(self, &g.count, g.cfg, ms.id, mv, digest, without), nil)
 }
 
+// mayLeadMergeLocked reports whether this member may lead a merge now: it
+// coordinates a view, takes part in no merge, and is not leaving (its view
+// without itself and a merge view planned from the same view would get the
+// same id). Callers hold g.mu.
+func (g *GMS) mayLeadMergeLocked() bool {
+	return g.view != nil && !g.leaving && g.merge == nil && g.coordLocked() == g.LocalAddress()
+}
+
 // mergeBusyRetries is how many times a merge leader asks again the
 // coordinators that were busy with another merge.
 const mergeBusyRetries = 2
@@ -164,7 +169,7 @@ func (g *GMS) pauseMerge(ms *mergeState) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.merge != nil || g.leaving || g.view != v || g.coordLocked() != g.LocalAddress() {
+	if g.view != v || !g.mayLeadMergeLocked() {
 		return false
 	}
 	ms.until = time.Now().Add(g.cfg.MergeTimeout)
