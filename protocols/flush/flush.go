@@ -91,6 +91,7 @@ type counters struct {
 	blockedNanos   atomic.Int64 `stat:"blocked_time_ns"`
 	viewWaits      atomic.Int64 `stat:"safety_waits_for_view"`
 	wentWithout    atomic.Int64 `stat:"participants_left_out"`
+	endsAgain      atomic.Int64 `stat:"round_ends_sent_again"`
 }
 
 // FLUSH is the FLUSH protocol.
@@ -116,6 +117,7 @@ type FLUSH struct {
 	stateWake   chan struct{}
 	n           uint64
 	run         *initRound // round this member initiated and has not stopped
+	ends        roundEnds  // how its last rounds ended
 	regularStop bool       // test hook: STOP_FLUSH and UNBLOCKED as regular messages
 	// suspects: members failure detection suspects; a round no longer
 	// waits for them (as in JGroups), and a view-change round reports

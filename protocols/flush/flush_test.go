@@ -924,3 +924,83 @@ func TestReceiveOfAReleasedMessageHoldsUpNothing(t *testing.T) {
 		require.False(t, anyBlocked(ms))
 	})
 }
+
+// TestLateStartOfAnAbortedRoundIsToldTheRoundIsOver is chaos scenario D's
+// flush.toml livelock (seed 11). Members lo < mid < hi (by address) join
+// in the order lo, hi, mid. lo is cut off, and hi's view-change round
+// misses mid: mid's START and ABORT are lost, so hi goes on without mid.
+// mid, excluded, merges with lo, and only then a late copy of hi's START
+// reaches mid, which blocks for a round whose view never comes to it (it
+// is in lo's view). When the partition heals, lo, the lowest address,
+// leads every merge, and each merge round names hi, the initiator of mid's
+// round: mid refuses them all, and the group never merges. mid's answer to
+// the late START asks hi, and hi tells it again that the round was
+// aborted. mid's first answer is lost too here, so only mid asking again,
+// at the safety valve's timeout, ends it.
+func TestLateStartOfAnAbortedRoundIsToldTheRoundIsOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := []*member{l.add(), l.add(), l.add()}
+		slices.SortFunc(ms, func(x, y *member) int { return x.Addr().Compare(y.Addr()) })
+		lo, mid, hi := ms[0], ms[1], ms[2]
+		for _, m := range []*member{lo, hi, mid} {
+			l.ConnectAll(m.Member)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(lo.Member, mid.Member, hi.Member) }, "one view")
+		require.Equal(t, []stack.Address{lo.Addr(), hi.Addr(), mid.Addr()}, lo.Ch.View().Members)
+		var (
+			mu       sync.Mutex
+			late     *stack.Message // mid's copy of hi's START, kept back
+			dropping = true
+			answered int // mid's answers to the late round
+		)
+		dis := discard.New(discard.DefaultConfig())
+		dis.DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDFLUSH).(*flush.Header)
+			if !ok || m.Src != hi.Addr() || h.Kind() != "START_FLUSH" && h.Kind() != "ABORT_FLUSH" {
+				return false
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if late == nil && h.Kind() == "START_FLUSH" && h.ViewChange {
+				late = m.Copy()
+			}
+			return dropping
+		})
+		dis.DropDownIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDFLUSH).(*flush.Header)
+			if !ok || h.Kind() != "FLUSH_COMPLETED" || m.Dest != hi.Addr() {
+				return false
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if dropping {
+				return false
+			}
+			answered++
+			return answered == 1
+		})
+		require.NoError(t, mid.Ch.Stack().InsertBelow(dis, "FLUSH"))
+
+		l.Net.Partition([]stack.Address{lo.Addr()}, []stack.Address{mid.Addr(), hi.Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool { return mid.Ch.View().Size() == 1 && hi.Ch.View().Coordinator() == hi.Addr() },
+			"hi coordinates without mid, which hi's flush went on without, and mid is on its own")
+		l.Net.Partition([]stack.Address{lo.Addr(), mid.Addr()}, []stack.Address{hi.Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(lo.Member, mid.Member) }, "mid merged with lo")
+		mu.Lock()
+		dropping = false
+		m := late
+		mu.Unlock()
+		require.NotNil(t, m, "mid saw the START of hi's round")
+		dis.Up(m)
+		synctest.Wait()
+		require.True(t, mid.f.Blocked(), "mid took the late round")
+		l.Net.Heal()
+		stacktest.WaitFor(t, 3*time.Minute, func() bool { return grouptest.SameView(lo.Member, mid.Member, hi.Member) }, "one view again")
+		require.False(t, mid.f.Blocked())
+		mu.Lock()
+		require.GreaterOrEqual(t, answered, 2, "mid asked again after its first answer was lost")
+		mu.Unlock()
+		require.Positive(t, stacktest.Stat(t, hi.f, "round_ends_sent_again"))
+	})
+}

@@ -119,6 +119,7 @@ func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Ad
 	if err != nil {
 		f.mu.Lock()
 		out = ir.abort()
+		f.ends.ended(&Header{Type: typeAbort, Round: ir.id})
 		f.run = nil
 		f.mu.Unlock()
 		f.do(out)
@@ -200,6 +201,9 @@ func (f *FLUSH) stopFlush(ctx context.Context, req stack.EvStopFlush) error {
 		err = f.stopPhase(ctx, ir, joiners)
 	}
 	f.mu.Lock()
+	if ir.msg != nil && ir.msg.Type == typeStop {
+		f.ends.ended(ir.msg)
+	}
 	if f.run == ir {
 		f.run = nil
 	}

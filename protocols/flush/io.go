@@ -158,11 +158,27 @@ func (f *FLUSH) fetch(to stack.Address, h *Header) {
 	})
 }
 
+// answer takes a participant's answer to a round this member initiated. A
+// FLUSH_COMPLETED for a round that is over (a late copy, or a participant
+// that missed the end and asks) is answered with the round's end again:
+// its ABORT or STOP_FLUSH. Otherwise a member that took a late START after
+// the round was aborted without it would wait for the round's view for
+// ever, and refuse every other round meanwhile.
 func (f *FLUSH) answer(src stack.Address, h *Header) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if ir := f.run; ir != nil && ir.answer(src, h) {
 		ir.kick()
+		f.mu.Unlock()
+		return
+	}
+	var again *Header
+	if h.Type == typeCompleted && h.Round.Initiator == f.LocalAddress() && (f.run == nil || f.run.id != h.Round) {
+		again = f.ends.end(h.Round, f.n)
+	}
+	f.mu.Unlock()
+	if again != nil {
+		f.count.endsAgain.Add(1)
+		f.send(src, again)
 	}
 }
 

@@ -44,6 +44,7 @@ type partRound struct {
 	parts  []stack.Address
 	from   stack.ViewID // this member's view when the round started
 	warned bool         // the safety valve said it waits for the view
+	asked  time.Time    // when it last asked the initiator whether the round is on
 }
 
 // String names the round, for logs.
@@ -294,6 +295,16 @@ func (p *participant) tick(now time.Time) []effect {
 			cur.warned = true
 			p.count.viewWaits.Add(1)
 			out = append(out, logLine{slog.LevelWarn, "flush: blocked for longer than timeout, but the round's view has not come; staying blocked until it does", []any{"round", cur.id, "timeout", p.timeout}})
+		}
+		// The round may be over without this member: its ABORT lost, or
+		// its START a late copy that came after the abort, from an
+		// initiator that went on without this member (whose view never
+		// comes here). Every timeout it answers COMPLETED again, which
+		// asks the initiator: a round that is over is told again how it
+		// ended (FLUSH.answer).
+		if cur.asked.IsZero() || now.Sub(cur.asked) >= p.timeout {
+			cur.asked = now
+			out = append(out, answerCompleted{to: cur.id.Initiator, round: cur.id})
 		}
 		return out
 	}

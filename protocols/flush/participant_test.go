@@ -136,10 +136,12 @@ func TestParticipant(t *testing.T) {
 			{timeout + 1, tick, []effect{releaseHold{}, openGate{call: true}}},
 			{timeout + 2, onStop(stop(a, 1, nil)), []effect{unblocked(a, 1)}},
 		}, func(t *testing.T, c *counters) { require.EqualValues(t, 1, c.safetyUnblocks.Load()) }},
-		{"a view change whose view has not come stays blocked past the timeout, warned once", []step{
+		{"a view change whose view has not come stays blocked past the timeout, warned once, asking its initiator every timeout", []step{
 			{0, view(v1), nil},
 			{0, onStart(start(a, 1, true)), []effect{blockGate{call: true}, answer(a, 1, true)}},
-			{timeout + 1, tick, nil},
+			{timeout + 1, tick, []effect{answer(a, 1, false)}},
+			{2 * timeout, tick, nil},
+			{2*timeout + 1, tick, []effect{answer(a, 1, false)}},
 			{3 * timeout, tick, nil},
 			{3 * timeout, view(v2), nil},
 			{3*timeout + 1, tick, []effect{releaseHold{}, openGate{call: true}}},
@@ -147,6 +149,13 @@ func TestParticipant(t *testing.T) {
 			require.EqualValues(t, 1, c.viewWaits.Load())
 			require.EqualValues(t, 1, c.safetyUnblocks.Load())
 		}},
+		{"a late start of a round that ended without this member: the initiator's ABORT, told again when asked, ends it", []step{
+			{0, view(v1), nil},
+			{0, onStart(start(b, 1, true, a, self, b)), []effect{blockGate{call: true}, answer(b, 1, true)}},
+			{timeout + 1, tick, []effect{answer(b, 1, false)}},
+			{timeout + 2, onStop(abort(b, 1)), []effect{openGate{call: true}, unblocked(b, 1)}},
+			{timeout + 3, onStart(start(a, 1, true, a, self, b)), []effect{blockGate{call: true}, answer(a, 1, true)}},
+		}, nil},
 		{"a joiner is blocked from Connect until the STOP_FLUSH of its join", []step{
 			{0, func(p *participant, now time.Time) []effect { return p.connect(now) }, []effect{blockGate{call: true}}},
 			{0, onStop(stop(a, 1, nil)), []effect{releaseHold{}, openGate{call: true, joined: true}, unblocked(a, 1)}},

@@ -217,3 +217,27 @@ type noAnswer struct {
 func (e *noAnswer) Error() string {
 	return fmt.Sprintf("round %s: no %s from %v within %s", e.round, typeNames[e.phase], e.missing, e.timeout)
 }
+
+// roundEnds remembers how this member's last rounds ended (their STOP_FLUSH
+// or ABORT), to tell again a participant that missed it.
+type roundEnds [16]*Header
+
+// ended records h, the last message of its round.
+func (e *roundEnds) ended(h *Header) { e[h.Round.N%uint64(len(e))] = h }
+
+// end returns how round r ended, given n, the number of the initiator's
+// last round: its STOP_FLUSH or ABORT if remembered, an ABORT if it is
+// older than those remembered (a participant still in it missed the end
+// long ago), nil if it has not ended (or never began).
+func (e *roundEnds) end(r RoundID, n uint64) *Header {
+	if r.N == 0 || r.N > n {
+		return nil
+	}
+	if h := e[r.N%uint64(len(e))]; h != nil && h.Round == r {
+		return h
+	}
+	if n-r.N < uint64(len(e)) {
+		return nil // the round has not ended (its stop is on its way)
+	}
+	return &Header{Type: typeAbort, Round: r}
+}

@@ -145,3 +145,27 @@ func TestInitRound(t *testing.T) {
 		require.Equal(t, []stack.Address{b, c}, na.missing)
 	})
 }
+
+// TestRoundEnds: an initiator tells a participant that asks about one of
+// its rounds how it ended: the round's own STOP_FLUSH or ABORT while it is
+// remembered, an ABORT once it is long gone, nothing for a round that has
+// not ended or never began.
+func TestRoundEnds(t *testing.T) {
+	self := stack.NewAddress()
+	r := func(n uint64) RoundID { return RoundID{Initiator: self, N: n} }
+	var e roundEnds
+	stop := &Header{Type: typeStop, Round: r(1), View: stack.ViewID{Creator: self, Seq: 3}}
+	abort := &Header{Type: typeAbort, Round: r(2)}
+	e.ended(stop)
+	e.ended(abort)
+	require.Same(t, stop, e.end(r(1), 3))
+	require.Same(t, abort, e.end(r(2), 3))
+	require.Nil(t, e.end(r(3), 3), "round 3 has not ended")
+	require.Nil(t, e.end(r(4), 3), "round 4 never began")
+	require.Nil(t, e.end(r(0), 3))
+	for n := uint64(3); n <= 20; n++ {
+		e.ended(&Header{Type: typeStop, Round: r(n)})
+	}
+	require.Equal(t, &Header{Type: typeAbort, Round: r(1)}, e.end(r(1), 20), "forgotten: an ABORT")
+	require.Equal(t, typeStop, e.end(r(20), 20).Type)
+}
