@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-go/strata/protocols/merge3"
+	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -48,6 +49,40 @@ func TestLowestCoordinatorLeadsTheMerge(t *testing.T) {
 		n := len(stacktest.Recorded[stack.EvMerge](recs[leader]))
 		time.Sleep(3 * cfg.CheckInterval)
 		require.Equal(t, n, len(stacktest.Recorded[stack.EvMerge](recs[leader])), "no merge within one view")
+	})
+}
+
+// TestUnheardCoordinatorIsAskedToo: the leader hears the members of the
+// other subgroup but none of its coordinator's announcements (all lost).
+// Those members name a coordinator it never heard, so they are asked for
+// a merge directly, and their coordinator is asked too: alive, it answers
+// for its subgroup (its members alone refuse, as it is their coordinator),
+// and the merge does not wait a whole check_interval for its next
+// announcement to get through.
+func TestUnheardCoordinatorIsAskedToo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		recs := make([]*stacktest.EventRecorder, 4)
+		c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
+			recs[i] = stacktest.NewEventRecorder()
+			return []stack.Protocol{merge3.New(cfg), recs[i]}
+		})
+		a := c.Addresses()
+		leader, other := 0, 2
+		if a[2].Compare(a[0]) < 0 {
+			leader, other = 2, 0
+		}
+		c.Net.SetLink(a[other], a[leader], sim.Rule{DropIf: func(m *stack.Message) bool {
+			_, ok := m.Header(stack.IDMERGE3).(*merge3.Header)
+			return ok
+		}})
+		v1, v2 := stack.NewView(a[0], 5, a[0], a[1]), stack.NewView(a[2], 7, a[2], a[3])
+		stacktest.InjectView(t, v1, c.Channels[0], c.Channels[1])
+		stacktest.InjectView(t, v2, c.Channels[2], c.Channels[3])
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(stacktest.Recorded[stack.EvMerge](recs[leader])) > 0 }, "the leader asks for a merge")
+		coords := stacktest.Recorded[stack.EvMerge](recs[leader])[0].Coords
+		require.Equal(t, a[leader], coords[0], "the leader first")
+		require.Contains(t, coords, a[other], "the coordinator it never heard")
+		require.Contains(t, coords, a[other+1], "that coordinator's member, whose announcements it heard")
 	})
 }
 
