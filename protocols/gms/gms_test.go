@@ -2,6 +2,7 @@ package gms_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/strata-go/strata/internal/testing/grouptest"
 	"github.com/strata-go/strata/protocols/gms"
+	"github.com/strata-go/strata/protocols/merge3"
 	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
@@ -355,6 +357,56 @@ func TestLeavingCoordinatorsLastViewIsMended(t *testing.T) {
 		grouptest.CheckViewHistories(t, ms[1:])
 		require.Positive(t, stacktest.Stat(t, ms[1].GMS, "views_resent"))
 		require.NoError(t, <-left)
+	})
+}
+
+// collidingFlush stands in for FLUSH above GMS: a merge's flush fails the
+// first fail times, as when it collides with a subgroup's own view change,
+// and then succeeds.
+type collidingFlush struct {
+	stack.Base
+	fail   atomic.Int32
+	merges atomic.Int32
+}
+
+func (f *collidingFlush) Name() string { return "COLLIDING_FLUSH" }
+func (f *collidingFlush) UpEvent(ev stack.Event) (any, error) {
+	if e, ok := ev.(stack.EvStartFlush); ok && e.Merge {
+		f.merges.Add(1)
+		if f.fail.Add(-1) >= 0 {
+			return nil, errors.New("flush: failed: round refused by a participant in another round")
+		}
+		return nil, nil
+	}
+	return f.PassUpEvent(ev)
+}
+
+// TestMergeLeaderFlushesAgainAfterACollision: the merge's flush fails once
+// (another round was on at a participant). The leader asks the
+// coordinators again 1-3 s later and flushes again, instead of giving up
+// until MERGE3's next check a whole check_interval later.
+func TestMergeLeaderFlushesAgainAfterACollision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		flushes := map[int]*collidingFlush{}
+		l.Top = func(i int) []stack.Protocol {
+			f := &collidingFlush{}
+			f.fail.Store(1)
+			flushes[i] = f
+			return []stack.Protocol{f}
+		}
+		ms := l.Start(3)
+		lead := ms[0]
+		l.Net.Partition([]stack.Address{ms[0].Addr(), ms[1].Addr()}, []stack.Address{ms[2].Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return grouptest.SameView(ms[0], ms[1]) && ms[2].Ch.View().Size() == 1
+		}, "two subgroups")
+		l.Net.Heal()
+		start := time.Now()
+		gms.RunMerge(lead.GMS, []stack.Address{lead.Addr(), ms[2].Addr()})
+		require.True(t, grouptest.SameView(ms...), "one view after the merge: %s, %s, %s", ms[0].Ch.View(), ms[1].Ch.View(), ms[2].Ch.View())
+		require.Less(t, time.Since(start), merge3.DefaultConfig().MinInterval, "within seconds (virtual time)")
+		require.EqualValues(t, 2, flushes[slices.Index(l.Members, lead)].merges.Load(), "flushed twice")
 	})
 }
 

@@ -42,46 +42,59 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	}
 	g.count.merges.Add(1)
 	g.Log().Info("merging subgroups", "coordinators", append([]stack.Address{self}, others...))
-	subs, ok := g.collectMerge(ms, v, others)
-	if !ok {
-		return
-	}
-	for try := 0; len(subs) < 2 && ms.ask.busy && try < mergeBusyRetries; try++ {
-		// Another leader's merge held a coordinator (two coordinators that
-		// each heard only part of the other's subgroup led at once, and
-		// the other's merge is bound to fail): ask again shortly, not a
-		// whole check_interval later. Meanwhile this member is free to
-		// take part in that other merge; if it does, it stops here.
-		if !g.pauseMerge(ms) {
-			return
-		}
+	var subs []mergeSub
+	var res any
+	for attempt := 0; ; attempt++ {
+		var ok bool
 		if subs, ok = g.collectMerge(ms, v, others); !ok {
 			return
 		}
-	}
-	if len(subs) < 2 {
-		g.count.mergesFailed.Add(1)
-		for _, c := range others {
-			g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
+		for try := 0; len(subs) < 2 && ms.ask.busy && try < mergeBusyRetries; try++ {
+			// Another leader's merge held a coordinator (two coordinators
+			// that each heard only part of the other's subgroup led at
+			// once, and the other's merge is bound to fail): ask again
+			// shortly, not a whole check_interval later. Meanwhile this
+			// member is free to take part in that other merge; if it
+			// does, it stops here.
+			if !g.pauseMerge(ms) {
+				return
+			}
+			if subs, ok = g.collectMerge(ms, v, others); !ok {
+				return
+			}
 		}
-		return
-	}
-	// With FLUSH above, every member of every subgroup blocks and the
-	// members of each subgroup deliver the same messages before the merge
-	// view, as before any view change. The digests are asked for again
-	// after the flush: they must start the other subgroups' senders where
-	// the flush left them, or a member would deliver in the merge view what
-	// the others delivered in their old one.
-	parts := mergeParticipants(subs)
-	res, err := g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
-	if err != nil {
+		if len(subs) < 2 {
+			g.count.mergesFailed.Add(1)
+			for _, c := range others {
+				g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
+			}
+			return
+		}
+		// With FLUSH above, every member of every subgroup blocks and the
+		// members of each subgroup deliver the same messages before the
+		// merge view, as before any view change. The digests are asked for
+		// again after the flush: they must start the other subgroups'
+		// senders where the flush left them, or a member would deliver in
+		// the merge view what the others delivered in their old one.
+		parts := mergeParticipants(subs)
+		var err error
+		res, err = g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
+		if err == nil {
+			break
+		}
 		g.count.flushFailures.Add(1)
-		g.count.mergesFailed.Add(1)
-		g.Log().Warn("merge: cancelled, the flush failed", "error", err)
 		for _, c := range others {
 			g.send(c, &Header{Type: typeCancelMerge, MergeID: ms.id})
 		}
-		return
+		// The flush collided with another round (a subgroup changing its
+		// view, say, which ends within seconds): the merge is asked for
+		// and flushed again shortly, not a whole check_interval later.
+		if attempt >= mergeBusyRetries || !g.pauseMerge(ms) {
+			g.count.mergesFailed.Add(1)
+			g.Log().Warn("merge: cancelled, the flush failed", "error", err)
+			return
+		}
+		g.Log().Info("merge: the flush failed; asking again", "error", err)
 	}
 	stopped := false
 	defer func() {
