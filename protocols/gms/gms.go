@@ -152,6 +152,7 @@ type counters struct {
 	flushFailures   atomic.Int64 `stat:"flush_failures"`
 	flushExclusions atomic.Int64 `stat:"flush_exclusions"`
 	viewsResent     atomic.Int64 `stat:"views_resent"`
+	joinsDeclined   atomic.Int64 `stat:"late_join_answers_declined"`
 }
 
 // GMS is the group membership protocol.

@@ -558,6 +558,46 @@ func TestCoordinatorThatLeavesDuringAViewChangeAnswersNoRejoiner(t *testing.T) {
 	})
 }
 
+// TestJoinerThatJoinedElsewhereLeavesALateView: j is in a's group when a
+// late copy of a join request it once sent reaches i, the coordinator of
+// another group. i takes j in and answers; j, a member of another view,
+// tells i it leaves. i stops waiting for j's acknowledgement and installs
+// a view without it within seconds, instead of holding up its joins and
+// merges until max_view_ack_wait (chaos scenario D on flush.toml: a
+// coordinator that served stale join requests waited 30 s per view, and
+// its merge waited too).
+func TestJoinerThatJoinedElsewhereLeavesALateView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(2)
+		a, j := ms[0], ms[1]
+		i := l.Add()
+		// i hears nothing of a, and of j neither discovery nor MERGE3 (so
+		// no merge), but heartbeats: i never suspects j.
+		var open atomic.Bool
+		cutOff := sim.Rule{DropIf: func(m *stack.Message) bool { return true }}
+		noMerge := sim.Rule{DropIf: func(m *stack.Message) bool {
+			return !open.Load() || m.Header(stack.IDMERGE3) != nil || m.Header(stack.IDPING) != nil
+		}}
+		l.Net.SetLink(a.Addr(), i.Addr(), cutOff)
+		l.Net.SetLink(i.Addr(), a.Addr(), cutOff)
+		l.Net.SetLink(j.Addr(), i.Addr(), noMerge)
+		l.Net.SetLink(i.Addr(), j.Addr(), noMerge)
+		l.ConnectAll(i)
+		require.Equal(t, 1, i.Ch.View().Size())
+		open.Store(true)
+		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
+		m.PutHeader(stack.IDGMS, gms.JoinReq())
+		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))
+		stacktest.WaitFor(t, time.Minute, func() bool { return i.Ch.View().Contains(j.Addr()) }, "i took j in")
+		took := time.Now()
+		stacktest.WaitFor(t, time.Minute, func() bool { return !i.Ch.View().Contains(j.Addr()) }, "i let j go")
+		require.Less(t, time.Since(took), l.GMS.MaxViewAckWait/2, "within seconds (virtual time), not at max_view_ack_wait")
+		require.True(t, grouptest.SameView(a, j), "j stayed in a's view: %s", j.Ch.View())
+		require.Positive(t, stacktest.Stat(t, j.GMS, "late_join_answers_declined"))
+	})
+}
+
 // TestMemberLeftOutByACoordinatorThatCrashedMergesBack: the coordinator
 // crashes right after two members went on to a view without the last one,
 // which never learned of it. That member suspects its coordinator, and the

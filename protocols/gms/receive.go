@@ -41,10 +41,21 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		g.enqueue(request{kind: reqJoin, addr: src, state: h.State})
 	case typeJoinRsp:
 		g.mu.Lock()
-		asked := g.askedCoord
+		asked, cur := g.askedCoord, g.view
 		g.mu.Unlock()
 		if src != asked {
 			g.count.msgsIgnored.Add(1) // not the member this one asked to join
+			if h.Fail == "" && h.View.Contains(self) && !cur.Contains(src) {
+				// A coordinator this member asked earlier (its answer
+				// was late, and this member joined another) took it in:
+				// it says it leaves at once, or that coordinator waits
+				// for its acknowledgement of the view until
+				// max_view_ack_wait, holding up its joins and merges, and
+				// its view overlaps another (a cold start under loss).
+				g.count.joinsDeclined.Add(1)
+				g.Log().Info("a late join answer from a coordinator this member did not join; leaving its view", "coordinator", src, "view", h.View.ID)
+				g.send(src, &Header{Type: typeLeaveReq})
+			}
 			return
 		}
 		select {
@@ -58,6 +69,13 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 	case typeViewAck:
 		g.ack(src, h.ViewID)
 	case typeLeaveReq:
+		// Its acknowledgement of a view being installed is not awaited
+		// any more: it leaves (or never joined: a late join answer).
+		g.mu.Lock()
+		if aw := g.acks; aw != nil {
+			aw.settle(aw.forget(src))
+		}
+		g.mu.Unlock()
 		g.enqueue(request{kind: reqLeave, addr: src})
 	case typeLeaveRsp:
 		g.leftGroup()
