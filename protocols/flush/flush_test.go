@@ -931,9 +931,10 @@ func TestReceiveOfAReleasedMessageHoldsUpNothing(t *testing.T) {
 // misses mid: mid's START and ABORT are lost, so hi goes on without mid.
 // mid, excluded, merges with lo, and only then a late copy of hi's START
 // reaches mid, which blocks for a round whose view never comes to it (it
-// is in lo's view). When the partition heals, lo, the lowest address,
-// leads every merge, and each merge round names hi, the initiator of mid's
-// round: mid refuses them all, and the group never merges. mid's answer to
+// is in its merge view with lo). When the partition heals, the merge
+// rounds (led by lo or mid, whose addresses are lower than hi's) name hi,
+// the initiator of mid's round: mid refuses them all, and the group never
+// merges. mid's answer to
 // the late START asks hi, and hi tells it again that the round was
 // aborted. mid's first answer is lost too here, so only mid asking again,
 // at the safety valve's timeout, ends it.
@@ -995,6 +996,9 @@ func TestLateStartOfAnAbortedRoundIsToldTheRoundIsOver(t *testing.T) {
 		dis.Up(m)
 		synctest.Wait()
 		require.True(t, mid.f.Blocked(), "mid took the late round")
+		// hi's own attempt to merge mid back (it went on without mid) ends
+		// while the partition lasts.
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, mid.f, "safety_waits_for_view") > 0 }, "mid waits for the round's view")
 		l.Net.Heal()
 		stacktest.WaitFor(t, 3*time.Minute, func() bool { return grouptest.SameView(lo.Member, mid.Member, hi.Member) }, "one view again")
 		require.False(t, mid.f.Blocked())
@@ -1002,5 +1006,54 @@ func TestLateStartOfAnAbortedRoundIsToldTheRoundIsOver(t *testing.T) {
 		require.GreaterOrEqual(t, answered, 2, "mid asked again after its first answer was lost")
 		mu.Unlock()
 		require.Positive(t, stacktest.Stat(t, hi.f, "round_ends_sent_again"))
+	})
+}
+
+// TestJoinerThatDeclinesALateViewTakesNoPartInItsFlush: j is in a's group
+// when a late copy of a join request it once sent reaches i, the
+// coordinator of another group. i takes j in; j declines, and i drops it
+// as it drops a crashed member: j is no participant in the flush of i's
+// view without it. Were j a graceful leaver, it would block in i's round
+// and wait for ever for a view it is not in, refusing every round of its
+// own group meanwhile (chaos scenario D on flush.toml, seed 5).
+func TestJoinerThatDeclinesALateViewTakesNoPartInItsFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		a, j := l.add(), l.add()
+		var joinReq atomic.Pointer[gms.Header] // j's, kept to send again
+		l.Net.SetLink(j.Addr(), a.Addr(), sim.Rule{DropIf: func(m *stack.Message) bool {
+			if h, ok := m.Header(stack.IDGMS).(*gms.Header); ok && h.Kind() == "JOIN_REQ" {
+				joinReq.Store(h)
+			}
+			return false
+		}})
+		l.ConnectAll(a.Member)
+		l.ConnectAll(j.Member)
+		require.True(t, grouptest.SameView(a.Member, j.Member))
+		require.NotNil(t, joinReq.Load())
+		i := l.add()
+		var open atomic.Bool
+		cutOff := sim.Rule{DropIf: func(m *stack.Message) bool { return true }}
+		noMerge := sim.Rule{DropIf: func(m *stack.Message) bool {
+			return !open.Load() || m.Header(stack.IDMERGE3) != nil || m.Header(stack.IDPING) != nil
+		}}
+		l.Net.SetLink(a.Addr(), i.Addr(), cutOff)
+		l.Net.SetLink(i.Addr(), a.Addr(), cutOff)
+		l.Net.SetLink(j.Addr(), i.Addr(), noMerge)
+		l.Net.SetLink(i.Addr(), j.Addr(), noMerge)
+		l.ConnectAll(i.Member)
+		open.Store(true)
+		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
+		m.PutHeader(stack.IDGMS, joinReq.Load())
+		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))
+		stacktest.WaitFor(t, time.Minute, func() bool { return i.Ch.View().Contains(j.Addr()) }, "i took j in")
+		stacktest.WaitFor(t, time.Minute, func() bool { return !i.Ch.View().Contains(j.Addr()) }, "i let j go")
+		synctest.Wait()
+		require.False(t, j.f.Blocked(), "j is blocked in i's round")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, a.Ch.StartFlush(ctx), "j's own group flushes")
+		require.NoError(t, a.Ch.StopFlush(ctx))
+		require.True(t, grouptest.SameView(a.Member, j.Member))
 	})
 }

@@ -52,7 +52,7 @@ type Header struct {
 	ViewID  stack.ViewID  // VIEW_ACK
 	MergeID MergeID       // MERGE_*, INSTALL_VIEW of a merge
 	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
-	Fail    string        // JOIN_RSP, MERGE_RSP refusals
+	Fail    string        // JOIN_RSP, MERGE_RSP refusals; LEAVE_REQ: a declined join
 	State   bool          // JOIN_REQ: fetch the state inside the join's flush
 
 	refused error // a JOIN_RSP made of an EvJoinRefused: why (not encoded)
@@ -198,6 +198,7 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeView, View: v},
 		&Header{Type: typeViewAck, ViewID: v.ID},
 		&Header{Type: typeLeaveReq},
+		&Header{Type: typeLeaveReq, Fail: declinedJoin, ViewID: v.ID},
 		&Header{Type: typeLeaveRsp},
 		&Header{Type: typeMergeReq, MergeID: mid},
 		&Header{Type: typeMergeRsp, MergeID: mid, View: v, Digest: d},

@@ -171,6 +171,11 @@ func planMerge(self stack.Address, subs []mergeSub, without []stack.Address) (*s
 // leader's merge (or leads one); the leader asks again shortly.
 const failMergeBusy = "busy with another merge"
 
+// declinedJoin is a LEAVE_REQ's reason from a joiner whose late join
+// answer came after it joined another group: the coordinator drops it as
+// it drops a crashed member.
+const declinedJoin = "joined another group"
+
 func onMergeReq(self, coord, src stack.Address, v, leader *stack.View, suspected func(stack.Address) bool, cur *mergeState, id MergeID, now time.Time) (sub *stack.View, fail string, ignore bool) {
 	sub = v
 	if v != nil && coord != self {

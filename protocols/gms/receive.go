@@ -45,16 +45,18 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		g.mu.Unlock()
 		if src != asked {
 			g.count.msgsIgnored.Add(1) // not the member this one asked to join
-			if h.Fail == "" && h.View.Contains(self) && !cur.Contains(src) {
+			if cur != nil && h.Fail == "" && h.View.Contains(self) && !cur.Contains(src) {
 				// A coordinator this member asked earlier (its answer
 				// was late, and this member joined another) took it in:
-				// it says it leaves at once, or that coordinator waits
-				// for its acknowledgement of the view until
-				// max_view_ack_wait, holding up its joins and merges, and
-				// its view overlaps another (a cold start under loss).
+				// it declines at once, or that coordinator waits for its
+				// acknowledgement of the view until max_view_ack_wait,
+				// holding up its joins and merges, and its view overlaps
+				// another (a cold start under loss). Not while still
+				// joining: it may yet ask that coordinator again and join
+				// it.
 				g.count.joinsDeclined.Add(1)
 				g.Log().Info("a late join answer from a coordinator this member did not join; leaving its view", "coordinator", src, "view", h.View.ID)
-				g.send(src, &Header{Type: typeLeaveReq})
+				g.send(src, &Header{Type: typeLeaveReq, Fail: declinedJoin, ViewID: h.View.ID})
 			}
 			return
 		}
@@ -69,13 +71,24 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 	case typeViewAck:
 		g.ack(src, h.ViewID)
 	case typeLeaveReq:
-		// Its acknowledgement of a view being installed is not awaited
-		// any more: it leaves (or never joined: a late join answer).
-		g.mu.Lock()
-		if aw := g.acks; aw != nil {
-			aw.settle(aw.forget(src))
+		if h.Fail != "" {
+			// A joiner that joined another group declines view h.ViewID
+			// (a late join answer): it is gone as a crashed member is,
+			// so its acknowledgement is not awaited and it takes no part
+			// in the flush of the view without it (a leaver would, and
+			// would wait for ever for a view it is not in). Only while
+			// that view is this member's: after another (a merge with
+			// the decliner's group, say) the decline is stale.
+			g.mu.Lock()
+			cur := g.view
+			g.mu.Unlock()
+			if cur != nil && cur.ID == h.ViewID {
+				g.suspect([]stack.Address{src})
+			} else {
+				g.count.msgsIgnored.Add(1)
+			}
+			return
 		}
-		g.mu.Unlock()
 		g.enqueue(request{kind: reqLeave, addr: src})
 	case typeLeaveRsp:
 		g.leftGroup()
