@@ -158,6 +158,23 @@ func (g *GMS) announce(r *castRun, d stack.Digest) {
 	g.do(out)
 	g.waitAcks(r, aw)
 	g.do(r.finish())
+	if len(r.excluded) > 0 {
+		g.mergeBackSoon(r.excluded)
+	}
+}
+
+// mergeBackSoon merges the members a view's flush went on without (they
+// did not answer in time, under loss) back 1-3 s later, once they know
+// they were excluded: MERGE3 would find them only at its next check, a
+// whole check_interval later.
+func (g *GMS) mergeBackSoon(excluded []stack.Address) {
+	coords := append([]stack.Address{g.LocalAddress()}, excluded...)
+	d := time.Second + g.Rand().Duration(2*time.Second)
+	g.Go(func(done <-chan struct{}) {
+		if sleep(done, d) {
+			g.enqueue(request{kind: reqMerge, coords: coords})
+		}
+	})
 }
 
 // waitAcks waits until every member of the view has acknowledged it. The

@@ -410,6 +410,59 @@ func TestMergeLeaderFlushesAgainAfterACollision(t *testing.T) {
 	})
 }
 
+// excludingFlush stands in for FLUSH above GMS: the first merge's flush
+// goes on without the member in without (it did not answer in time).
+type excludingFlush struct {
+	stack.Base
+	without atomic.Pointer[stack.Address]
+}
+
+func (f *excludingFlush) Name() string { return "EXCLUDING_FLUSH" }
+func (f *excludingFlush) UpEvent(ev stack.Event) (any, error) {
+	if e, ok := ev.(stack.EvStartFlush); ok && e.Merge {
+		if w := f.without.Swap(nil); w != nil {
+			return stack.FlushResult{Without: []stack.Address{*w}}, nil
+		}
+		return nil, nil
+	}
+	return f.PassUpEvent(ev)
+}
+
+// TestMemberAMergesFlushWentOnWithoutIsMergedBackSoon: a merge's flush goes
+// on without d (its answers were lost), so the merge view leaves d out.
+// The leader merges d back 1-3 s later, with MERGE3 silent: it would find
+// d only at its next check, a whole check_interval later (chaos scenario
+// D on flush.toml: each such exclusion cost 48 s).
+func TestMemberAMergesFlushWentOnWithoutIsMergedBackSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		flushes := map[int]*excludingFlush{}
+		l.Top = func(i int) []stack.Protocol {
+			flushes[i] = &excludingFlush{}
+			return []stack.Protocol{flushes[i]}
+		}
+		ms := l.Start(4)
+		l.Net.SetDefault(sim.Rule{DropIf: func(m *stack.Message) bool { return m.Header(stack.IDMERGE3) != nil }})
+		l.Net.Partition([]stack.Address{ms[0].Addr(), ms[1].Addr()}, []stack.Address{ms[2].Addr(), ms[3].Addr()})
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return grouptest.SameView(ms[0], ms[1]) && grouptest.SameView(ms[2], ms[3])
+		}, "two subgroups")
+		l.Net.Heal()
+		lead := ms[0]
+		other := ms[2]
+		if other.Addr() != other.Ch.View().Coordinator() {
+			other = ms[3]
+		}
+		d := ms[5-slices.Index(ms, other)]
+		w := d.Addr()
+		flushes[slices.Index(l.Members, lead)].without.Store(&w)
+		gms.RunMerge(lead.GMS, []stack.Address{lead.Addr(), other.Addr()})
+		require.True(t, grouptest.SameView(ms[0], ms[1], other), "the merge view, without d: %s", lead.Ch.View())
+		require.False(t, lead.Ch.View().Contains(d.Addr()))
+		stacktest.WaitFor(t, 5*time.Second, func() bool { return grouptest.SameView(ms...) }, "d merged back within seconds")
+	})
+}
+
 // sendOnView sits above GMS and multicasts one message the moment a view
 // of two members reaches it at the coordinator, and lets the view go on
 // once that message has been delivered here: the application's first
