@@ -1032,17 +1032,9 @@ func TestJoinerThatDeclinesALateViewTakesNoPartInItsFlush(t *testing.T) {
 		require.True(t, grouptest.SameView(a.Member, j.Member))
 		require.NotNil(t, joinReq.Load())
 		i := l.add()
-		var open atomic.Bool
-		cutOff := sim.Rule{DropIf: func(m *stack.Message) bool { return true }}
-		noMerge := sim.Rule{DropIf: func(m *stack.Message) bool {
-			return !open.Load() || m.Header(stack.IDMERGE3) != nil || m.Header(stack.IDPING) != nil
-		}}
-		l.Net.SetLink(a.Addr(), i.Addr(), cutOff)
-		l.Net.SetLink(i.Addr(), a.Addr(), cutOff)
-		l.Net.SetLink(j.Addr(), i.Addr(), noMerge)
-		l.Net.SetLink(i.Addr(), j.Addr(), noMerge)
+		open := l.KeepApart(i.Member, a.Member, j.Member)
 		l.ConnectAll(i.Member)
-		open.Store(true)
+		open()
 		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
 		m.PutHeader(stack.IDGMS, joinReq.Load())
 		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))

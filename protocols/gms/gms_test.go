@@ -625,20 +625,12 @@ func TestJoinerThatJoinedElsewhereLeavesALateView(t *testing.T) {
 		ms := l.Start(2)
 		a, j := ms[0], ms[1]
 		i := l.Add()
-		// i hears nothing of a, and of j neither discovery nor MERGE3 (so
-		// no merge), but heartbeats: i never suspects j.
-		var open atomic.Bool
-		cutOff := sim.Rule{DropIf: func(m *stack.Message) bool { return true }}
-		noMerge := sim.Rule{DropIf: func(m *stack.Message) bool {
-			return !open.Load() || m.Header(stack.IDMERGE3) != nil || m.Header(stack.IDPING) != nil
-		}}
-		l.Net.SetLink(a.Addr(), i.Addr(), cutOff)
-		l.Net.SetLink(i.Addr(), a.Addr(), cutOff)
-		l.Net.SetLink(j.Addr(), i.Addr(), noMerge)
-		l.Net.SetLink(i.Addr(), j.Addr(), noMerge)
+		// i never merges with a and j, but hears j's heartbeats: i never
+		// suspects j.
+		open := l.KeepApart(i, a, j)
 		l.ConnectAll(i)
 		require.Equal(t, 1, i.Ch.View().Size())
-		open.Store(true)
+		open()
 		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
 		m.PutHeader(stack.IDGMS, gms.JoinReq())
 		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))

@@ -15,13 +15,20 @@ import (
 
 var cfg = merge3.Config{MinInterval: time.Second, MaxInterval: 2 * time.Second, CheckInterval: 3 * time.Second}
 
+// start4 starts four members of MERGE3 over SIM, each with a recorder of
+// the events MERGE3 passes up.
+func start4(t *testing.T) (*stacktest.Cluster, []*stacktest.EventRecorder) {
+	recs := make([]*stacktest.EventRecorder, 4)
+	c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
+		recs[i] = stacktest.NewEventRecorder()
+		return []stack.Protocol{merge3.New(cfg), recs[i]}
+	})
+	return c, recs
+}
+
 func TestLowestCoordinatorLeadsTheMerge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		recs := make([]*stacktest.EventRecorder, 4)
-		c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
-			recs[i] = stacktest.NewEventRecorder()
-			return []stack.Protocol{merge3.New(cfg), recs[i]}
-		})
+		c, recs := start4(t)
 		a := c.Addresses()
 		// Two subgroups of two; whichever coordinator has the lower address
 		// leads.
@@ -61,11 +68,7 @@ func TestLowestCoordinatorLeadsTheMerge(t *testing.T) {
 // announcement to get through.
 func TestUnheardCoordinatorIsAskedToo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		recs := make([]*stacktest.EventRecorder, 4)
-		c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
-			recs[i] = stacktest.NewEventRecorder()
-			return []stack.Protocol{merge3.New(cfg), recs[i]}
-		})
+		c, recs := start4(t)
 		a := c.Addresses()
 		leader, other := 0, 2
 		if a[2].Compare(a[0]) < 0 {

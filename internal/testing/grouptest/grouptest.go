@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -174,6 +175,23 @@ func (l *Lab) ConnectAll(ms ...*Member) {
 	for i, err := range errs {
 		require.NoError(l.T, err, "member %d connects", i)
 	}
+}
+
+// KeepApart keeps member i out of the group of cut and near: nothing
+// passes between i and cut, and nothing between i and near until open is
+// called; after it everything but discovery and MERGE3 does, so i and
+// near exchange GMS messages and heartbeats but never merge.
+func (l *Lab) KeepApart(i, cut, near *Member) (open func()) {
+	var opened atomic.Bool
+	cutOff := sim.Rule{DropIf: func(m *stack.Message) bool { return true }}
+	noMerge := sim.Rule{DropIf: func(m *stack.Message) bool {
+		return !opened.Load() || m.Header(stack.IDMERGE3) != nil || m.Header(stack.IDPING) != nil
+	}}
+	l.Net.SetLink(cut.Addr(), i.Addr(), cutOff)
+	l.Net.SetLink(i.Addr(), cut.Addr(), cutOff)
+	l.Net.SetLink(near.Addr(), i.Addr(), noMerge)
+	l.Net.SetLink(i.Addr(), near.Addr(), noMerge)
+	return func() { opened.Store(true) }
 }
 
 // SameView reports whether every member has the same view, of exactly them.
