@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/strata-go/strata/internal/window"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/wire"
 )
@@ -72,6 +73,9 @@ type NAKACK struct {
 	lastHS   time.Time
 	waiting  atomic.Int32  // goroutines in WaitDelivered (changed under mu)
 	progress chan struct{} // closed (and replaced) when delivery moves on and someone waits
+	// hdrs: headers of own messages, allocated a slab at a time (one
+	// allocation per slab of messages sent instead of one per message).
+	hdrs window.Slab[Header]
 
 	st stats
 }
@@ -96,18 +100,13 @@ type stats struct {
 	skipped       atomic.Int64 `stat:"msgs_skipped_purged"`
 }
 
-// table holds one sender's messages from low to hr; hd is the highest
-// delivered.
+// table holds one sender's messages: its window keeps them, delivered or
+// not, until STABLE purges them, so any member can retransmit them.
 type table struct {
-	low, hd, hr uint64
-	msgs        map[uint64]*entry
-	bytes       int64
-	buffered    int64 // payload bytes of messages not yet delivered (max_buffered_bytes)
-	removing    bool
+	w *window.Window
 	// rc goes up with what the remover passes up; the channel marks it when
 	// they reach the application, so a flush need not wait for the callback.
 	rc      *stack.Receipt
-	xmit    stack.Pacer
 	asks    int    // requests since hd last moved
 	askedAt uint64 // hd at the last request
 	// held: a flush before a view change holds this sender (one that does
@@ -115,34 +114,19 @@ type table struct {
 	// messages than the round agreed on. Cleared when the flush ends.
 	held  bool
 	limit uint64
-	// spare: the slice the remover gathers messages in, kept between
-	// runs (only the remover touches it; the layers above do not keep a
-	// batch's slice once they return).
-	spare []*stack.Message
-	slab  []entry // newEntry's
 }
 
-// addBuffered counts d bytes more (or less) not yet delivered, and keeps
-// the peak; callers hold n.mu.
-func (t *table) addBuffered(d int64, st *stats) {
-	t.buffered += d
-	if t.buffered > st.bufferedPeak.Load() {
-		st.bufferedPeak.Store(t.buffered)
+// notePeak keeps the peak of t's bytes not yet delivered; callers hold
+// n.mu.
+func (t *table) notePeak(st *stats) {
+	if b := t.w.Buffered(); b > st.bufferedPeak.Load() {
+		st.bufferedPeak.Store(b)
 	}
 }
 
 // maxXmitBytes caps the payload one retransmission request is answered
 // with; the requester asks again for the rest.
 const maxXmitBytes = 1 << 20
-
-type entry struct {
-	m         *stack.Message
-	delivered bool // passed up already (OOB), or never to be (DontLoopback own message)
-	arrived   bool // for own messages: the loopback copy arrived (delivery may proceed)
-	// hdr is the header of an own message, allocated with its entry (one
-	// allocation per message sent instead of two).
-	hdr Header
-}
 
 var _ stack.Protocol = (*NAKACK)(nil)
 
@@ -203,22 +187,7 @@ func (n *NAKACK) gapWatch(done <-chan struct{}) {
 }
 
 func newTable(hd uint64) *table {
-	return &table{low: hd + 1, hd: hd, hr: hd, msgs: map[uint64]*entry{}}
-}
-
-// entrySlab is how many table entries are allocated at once.
-const entrySlab = 64
-
-// newEntry returns a zero entry from the table's slab (one allocation per
-// entrySlab messages instead of one per message; a slab lives while one
-// of its entries is kept). Callers hold n.mu.
-func (t *table) newEntry() *entry {
-	if len(t.slab) == 0 {
-		t.slab = make([]entry, entrySlab)
-	}
-	e := &t.slab[0]
-	t.slab = t.slab[1:]
-	return e
+	return &table{w: window.New(hd, true)}
 }
 
 // Down numbers multicasts and keeps them in this member's own table.
@@ -234,12 +203,12 @@ func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 	t := n.tables[self]
 	n.seqno++
 	seq := n.seqno
-	e := t.newEntry()
-	*e = entry{m: m, delivered: m.HasTransient(stack.DontLoopback), hdr: Header{Type: typeMsg, Seqno: seq}}
-	m.PutHeader(n.ID(), &e.hdr)
-	t.msgs[seq] = e
-	t.hr = max(t.hr, seq)
-	t.bytes += int64(len(m.Payload))
+	// Kept for retransmission; an entry Delivered is never to be passed up
+	// here (DontLoopback), and one Pending waits for its loopback copy.
+	t.w.Put(seq, m, m.HasTransient(stack.DontLoopback))
+	h := n.hdrs.New()
+	*h = Header{Type: typeMsg, Seqno: seq}
+	m.PutHeader(n.ID(), h)
 	n.mu.Unlock()
 	n.st.sent.Add(1)
 	if err := n.PassDown(ctx, m); err != nil {
@@ -333,11 +302,11 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 	case typeHighestSeqno:
 		n.st.highest.Add(1)
 		n.mu.Lock()
-		if t := n.tables[m.Src]; t != nil && h.Seqno > t.hr {
-			if h.Seqno-t.hd > maxAhead {
+		if t := n.tables[m.Src]; t != nil && h.Seqno > t.w.HighestReceived() {
+			if h.Seqno-t.w.HighestDelivered() > window.MaxAhead {
 				n.st.tooFar.Add(1)
 			} else {
-				t.hr = h.Seqno
+				t.w.Raise(h.Seqno)
 				n.kickGaps()
 			}
 		}
@@ -359,28 +328,16 @@ func (n *NAKACK) skipPurged(src stack.Address, upto uint64) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	t := n.tables[src]
-	if t == nil || src == n.LocalAddress() || upto <= t.hd || upto-t.hd > maxAhead {
+	if t == nil || src == n.LocalAddress() {
 		return false
 	}
-	skipped := int64(0)
-	for s := t.hd + 1; s <= upto; s++ {
-		if t.msgs[s] == nil {
-			e := t.newEntry()
-			e.delivered, e.arrived = true, true
-			t.msgs[s] = e
-			skipped++
-		}
+	if hd := t.w.HighestDelivered(); upto <= hd || upto-hd > window.MaxAhead {
+		return false
 	}
-	t.hr = max(t.hr, upto)
-	n.st.skipped.Add(skipped)
+	skipped := t.w.Skip(upto)
+	n.st.skipped.Add(int64(skipped))
 	return skipped > 0
 }
-
-// maxAhead is how far past the highest delivered seqno of a sender a
-// message or HIGHEST_SEQNO may be; one further is dropped and counted, so a
-// forged seqno cannot leave a gap nobody can fill. A real message that far
-// ahead is retransmitted once the gap closes.
-const maxAhead = 1 << 20
 
 // add puts m into its sender's table; OOB messages are delivered at once.
 func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
@@ -408,55 +365,44 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		t = newTable(0)
 		n.tables[m.Src] = t
 	}
-	if seq <= t.hd || seq < t.low {
-		n.st.duplicates.Add(1)
-		return false, nil
+	limit := int64(n.cfg.MaxBuffered)
+	if m.Src == self {
+		limit = 0
 	}
-	if seq-t.hd > maxAhead {
-		n.st.tooFar.Add(1) // forged or corrupt: no sender gets this far ahead
-		return false, nil
-	}
-	e := t.msgs[seq]
-	size := int64(len(m.Payload))
-	if (e == nil || e.m == nil) && m.Src != self && seq != t.hd+1 && n.cfg.MaxBuffered > 0 && t.buffered+size > int64(n.cfg.MaxBuffered) {
-		// Full (a sender beyond its credits, or a long gap): dropped and
-		// fetched again later. The next seqno to deliver is always
-		// taken, so delivery can move on and make room.
-		n.st.bufferFull.Add(1)
-		t.hr = max(t.hr, seq) // asked for again as a gap
-		return false, nil
-	}
-	switch {
-	case e == nil:
-		e = t.newEntry()
-		e.m, e.arrived = m, true
-		t.msgs[seq] = e
-		if seq > t.hr+1 && m.Src != self {
+	gap := seq > t.w.HighestReceived()+1 && m.Src != self
+	// A placeholder the window fills is a seqno the sender said it purged
+	// (skipPurged) that came after all, before delivery passed it: it is
+	// delivered.
+	switch t.w.Add(seq, m, false, limit) {
+	case window.Added:
+		if gap {
 			n.kickGaps()
 		}
-		t.hr = max(t.hr, seq)
-		t.bytes += size
-		t.addBuffered(size, &n.st)
-	case e.m == nil:
-		// A seqno the sender said it purged (skipPurged) came after all,
-		// before delivery passed it: deliver it.
-		e.m, e.delivered = m, false
-		t.bytes += size
-		t.addBuffered(size, &n.st)
-	case m.Src == self && !e.arrived:
-		e.arrived = true // own message, looped back: deliver from the table
-	default:
-		n.st.duplicates.Add(1)
+		if m.Src != self {
+			t.notePeak(&n.st)
+		}
+	case window.TooFar:
+		n.st.tooFar.Add(1) // forged or corrupt: no sender gets this far ahead
 		return false, nil
+	case window.Full:
+		// Full (a sender beyond its credits, or a long gap): dropped and
+		// fetched again later (the window counts it as a gap). The next
+		// seqno to deliver is always taken, so delivery can move on and
+		// make room.
+		n.st.bufferFull.Add(1)
+		return false, nil
+	default:
+		if m.Src != self || !t.w.Arrive(seq) {
+			n.st.duplicates.Add(1)
+			return false, nil
+		}
+		// Own message, looped back: delivered from the table.
 	}
-	if e.m.Has(stack.OOB) && !e.delivered && !(t.held && seq > t.limit && !e.m.Has(stack.Internal)) {
+	if e, _ := t.w.Get(seq); e.Msg.Has(stack.OOB) && !e.Delivered && !(t.held && seq > t.limit && !e.Msg.Has(stack.Internal)) {
 		// Out of band: delivered at once, unless a flush holds its sender
 		// (it was sent in the next view); then in order, when the hold ends.
-		e.delivered = true
-		if m.Src != self {
-			t.addBuffered(-size, &n.st)
-		}
-		return true, e.m
+		t.w.MarkDelivered(seq)
+		return true, e.Msg
 	}
 	return true, nil
 }
@@ -489,82 +435,50 @@ func (n *NAKACK) deliverAsync(srcs []stack.Address) {
 }
 
 // deliverFrom passes up src's messages in seqno order; one goroutine at a
-// time per sender.
+// time per sender (the window's remover).
 func (n *NAKACK) deliverFrom(src stack.Address) {
-	self := n.LocalAddress()
 	n.mu.Lock()
 	t := n.tables[src]
-	if t == nil || t.removing {
+	if t == nil {
 		n.mu.Unlock()
 		return
 	}
-	t.removing = true
-	finished := false
-	defer func() {
-		if !finished {
+	t.w.Deliver(&n.mu, &window.Remover{
+		Open: func() bool { return n.tables[src] == t },
+		Stop: func(e window.Entry) bool {
+			return t.held && t.w.HighestDelivered() >= t.limit && e.Msg != nil && !e.Msg.Has(stack.Internal)
+		},
+		Ready: func(msgs []*stack.Message) {
+			if t.rc == nil {
+				t.rc = stack.NewReceipt(n.Stack(), n.receiptTaken)
+			}
+			t.rc.Reset()
+			for _, m := range msgs {
+				m.SetReceipt(t.rc)
+			}
+			// Counted in the view of now, before the lock goes: a flush
+			// that sees them delivered may install the next view as soon
+			// as the first reaches the channel, and the rest must still
+			// come before that view (a layer above may split the batch:
+			// FRAG).
+			t.rc.Admit()
+		},
+		Up: func(msgs []*stack.Message) {
+			n.st.delivered.Add(int64(len(msgs)))
+			if len(msgs) == 1 {
+				n.PassUp(msgs[0])
+			} else {
+				n.PassUpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular, Msgs: msgs})
+			}
+			t.rc.Release()
+		},
+		Done: n.signalLocked,
+		Abort: func() {
 			if t.rc != nil {
 				t.rc.Release() // a layer above panicked mid-delivery
 			}
-			n.mu.Lock()
-			t.removing = false
-			n.signalLocked()
-			n.mu.Unlock()
-		}
-	}()
-	for {
-		if n.tables[src] != t {
-			t.removing, finished = false, true
-			n.signalLocked()
-			n.mu.Unlock()
-			return
-		}
-		msgs := t.spare[:0]
-		t.spare = nil
-		for {
-			e := t.msgs[t.hd+1]
-			if e == nil || (src == self && !e.arrived && !e.delivered) || t.held && t.hd >= t.limit && e.m != nil && !e.m.Has(stack.Internal) {
-				break
-			}
-			t.hd++
-			if !e.delivered {
-				e.delivered = true
-				if src != self {
-					t.buffered -= int64(len(e.m.Payload))
-				}
-				msgs = append(msgs, e.m)
-			}
-		}
-		if len(msgs) == 0 {
-			t.spare = msgs
-			t.removing, finished = false, true
-			n.signalLocked()
-			n.mu.Unlock()
-			return
-		}
-		if t.rc == nil {
-			t.rc = stack.NewReceipt(n.Stack(), n.receiptTaken)
-		}
-		t.rc.Reset()
-		for _, m := range msgs {
-			m.SetReceipt(t.rc)
-		}
-		// Counted in the view of now, before the lock goes: a flush
-		// that sees them delivered may install the next view as soon as
-		// the first reaches the channel, and the rest must still come
-		// before that view (a layer above may split the batch: FRAG).
-		t.rc.Admit()
-		n.mu.Unlock()
-		n.st.delivered.Add(int64(len(msgs)))
-		if len(msgs) == 1 {
-			n.PassUp(msgs[0])
-		} else {
-			n.PassUpBatch(&stack.Batch{Src: src, Lane: stack.LaneRegular, Msgs: msgs})
-		}
-		t.rc.Release()
-		clear(msgs)
-		n.mu.Lock()
-		t.spare = msgs[:0]
-	}
+		},
+	})
 }
 
 // DownEvent handles views, digests and stability.
@@ -638,7 +552,8 @@ func (n *NAKACK) Digest() stack.Digest {
 	defer n.mu.Unlock()
 	d := make(stack.Digest, 0, len(n.tables))
 	for a, t := range n.tables {
-		d = append(d, stack.DigestEntry{Member: a, HighestDelivered: t.hd, HighestReceived: max(t.hr, t.hd)})
+		hd := t.w.HighestDelivered()
+		d = append(d, stack.DigestEntry{Member: a, HighestDelivered: hd, HighestReceived: max(t.w.HighestReceived(), hd)})
 	}
 	slices.SortFunc(d, func(x, y stack.DigestEntry) int { return x.Member.Compare(y.Member) })
 	return d
@@ -653,9 +568,9 @@ func (n *NAKACK) SetDigest(d stack.Digest) {
 		if e.Member == n.LocalAddress() {
 			continue
 		}
-		if t := n.tables[e.Member]; t == nil || t.hd < e.HighestDelivered {
+		if t := n.tables[e.Member]; t == nil || t.w.HighestDelivered() < e.HighestDelivered {
 			nt := newTable(e.HighestDelivered)
-			nt.hr = max(e.HighestReceived, e.HighestDelivered)
+			nt.w.Raise(e.HighestReceived)
 			n.tables[e.Member] = nt
 		}
 	}
@@ -672,17 +587,7 @@ func (n *NAKACK) stable(d stack.Digest) {
 		if t == nil {
 			continue
 		}
-		upto := min(e.HighestDelivered, t.hd)
-		for s := t.low; s <= upto; s++ {
-			if en := t.msgs[s]; en != nil {
-				if en.m != nil {
-					t.bytes -= int64(len(en.m.Payload))
-				}
-				delete(t.msgs, s)
-				n.st.purged.Add(1)
-			}
-		}
-		t.low = max(t.low, upto+1)
+		n.st.purged.Add(int64(t.w.Purge(e.HighestDelivered)))
 	}
 }
 
@@ -691,8 +596,8 @@ func (n *NAKACK) Stats() []stack.Stat {
 	n.mu.Lock()
 	var held, bytes int64
 	for _, t := range n.tables {
-		held += int64(len(t.msgs))
-		bytes += t.bytes
+		held += int64(t.w.Len())
+		bytes += t.w.Bytes()
 	}
 	tables := len(n.tables)
 	n.mu.Unlock()

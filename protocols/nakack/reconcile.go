@@ -24,7 +24,7 @@ func (n *NAKACK) hold() stack.Digest {
 		// Not this member's own: what it sent before it blocked belongs
 		// to this view, and it delivers its own copy here and now.
 		if !t.held && src != self {
-			t.held, t.limit = true, t.hd
+			t.held, t.limit = true, t.w.HighestDelivered()
 		}
 	}
 	n.mu.Unlock()
@@ -97,18 +97,18 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 				continue
 			}
 			goal := max(e.HighestReceived, e.HighestDelivered)
-			if goal > t.hr && e.Member != self {
-				t.hr = goal // the retransmission task asks for the gap
+			if goal > t.w.HighestReceived() && e.Member != self {
+				t.w.Raise(goal) // the retransmission task asks for the gap
 				n.kickGaps()
 			}
-			if t.hd < goal || t.removing && (t.rc == nil || !t.rc.Taken()) {
+			if t.w.HighestDelivered() < goal || t.w.Removing() && (t.rc == nil || !t.rc.Taken()) {
 				// Delivered up to goal, and what is on its way up the
 				// stack has reached the channel (not necessarily come
 				// back from the application: that may wait for the
 				// flush to end).
 				ready = false
 			}
-			if !ask || i >= len(rc.From) || rc.From[i] == self || rc.From[i].IsZero() || t.hd >= goal {
+			if !ask || i >= len(rc.From) || rc.From[i] == self || rc.From[i].IsZero() || t.w.HighestDelivered() >= goal {
 				continue
 			}
 			from := rc.From[i]
@@ -120,13 +120,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 					from = o
 				}
 			}
-			var missing []uint64
-			for s := t.hd + 1; s <= goal && len(missing) < n.cfg.MaxXmitReq; s++ {
-				if t.msgs[s] == nil {
-					missing = append(missing, s)
-				}
-			}
-			if len(missing) > 0 {
+			if missing := t.w.Missing(goal, n.cfg.MaxXmitReq); len(missing) > 0 {
 				reqs = append(reqs, struct {
 					to stack.Address
 					h  *Header
@@ -171,8 +165,8 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 		if err != nil {
 			var behind []string
 			for _, e := range rc.Target {
-				if t := n.tables[e.Member]; t != nil && t.hd < e.HighestDelivered {
-					behind = append(behind, fmt.Sprintf("%s at %d of %d", e.Member, t.hd, e.HighestDelivered))
+				if t := n.tables[e.Member]; t != nil && t.w.HighestDelivered() < e.HighestDelivered {
+					behind = append(behind, fmt.Sprintf("%s at %d of %d", e.Member, t.w.HighestDelivered(), e.HighestDelivered))
 				}
 			}
 			return fmt.Errorf("%w (behind: %s)", err, strings.Join(behind, ", "))

@@ -14,12 +14,12 @@ func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
 	if t := n.tables[h.Sender]; t != nil {
 		bytes := 0
 		for _, s := range h.Missing {
-			if s < t.low && h.Sender == n.LocalAddress() {
-				purged = t.low - 1
+			if low := t.w.Low(); s < low && h.Sender == n.LocalAddress() {
+				purged = low - 1
 			}
-			if e := t.msgs[s]; e != nil && e.m != nil && bytes < maxXmitBytes {
-				bytes += len(e.m.Payload)
-				c := e.m.Copy()
+			if e, _ := t.w.Get(s); e.Msg != nil && bytes < maxXmitBytes {
+				bytes += len(e.Msg.Payload)
+				c := e.Msg.Copy()
 				c.Dest = from
 				c.PutHeader(n.ID(), &Header{Type: typeXmitRsp, Seqno: s})
 				out = append(out, c)
@@ -63,27 +63,22 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		}
 	}
 	for src, t := range n.tables {
-		if src == self || t.hr <= t.hd {
+		if src == self || !t.w.Gap() {
 			continue
 		}
 		gaps = true
-		if !t.xmit.Due(now, t.hd, n.cfg.firstXmit(), n.cfg.XmitInterval) {
+		if !t.w.Due(now, n.cfg.firstXmit(), n.cfg.XmitInterval) {
 			continue
 		}
-		var missing []uint64
-		for s := t.hd + 1; s <= t.hr && len(missing) < n.cfg.MaxXmitReq; s++ {
-			if t.msgs[s] == nil {
-				missing = append(missing, s)
-			}
-		}
+		missing := t.w.Missing(t.w.HighestReceived(), n.cfg.MaxXmitReq)
 		if len(missing) == 0 {
 			continue
 		}
 		n.st.gaps.Add(int64(len(missing)))
-		if t.hd == t.askedAt {
+		if hd := t.w.HighestDelivered(); hd == t.askedAt {
 			t.asks++
 		} else {
-			t.asks, t.askedAt = 0, t.hd
+			t.asks, t.askedAt = 0, hd
 		}
 		to := src
 		// A sender that left, or has not answered the last request (it may
@@ -99,15 +94,15 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		// one dropped on the way down (a lossy layer above the transport)
 		// would hold up every later one, so after a whole interval deliver
 		// it from here.
-		for s := own.hd + 1; s <= n.lastTick; s++ {
-			if e := own.msgs[s]; e != nil && !e.arrived {
-				e.arrived, recoverOwn = true, true
+		for s := own.w.HighestDelivered() + 1; s <= n.lastTick; s++ {
+			if own.w.Arrive(s) {
+				recoverOwn = true
 			}
 		}
 		n.lastTick = n.seqno
 		if n.seqno != n.lastSent {
 			n.lastSent, n.backoff = n.seqno, 0
-		} else if n.seqno > 0 && own.low <= n.seqno {
+		} else if n.seqno > 0 && own.w.Low() <= n.seqno {
 			if n.backoff == 0 {
 				n.backoff = n.cfg.XmitInterval
 			}

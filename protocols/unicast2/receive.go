@@ -3,6 +3,7 @@ package unicast2
 import (
 	"time"
 
+	"github.com/strata-go/strata/internal/window"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -83,52 +84,46 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 		}
 		u.Log().Debug("unicast2: receive connection opened", "from", src, "conn", h.ConnID, "first", h.Seqno, "start", start, "tomb", u.tombs[src])
 		delete(u.tombs, src)
-		e = &recvEntry{connID: h.ConnID, next: start, highest: start - 1, buf: map[uint64]*stack.Message{}}
+		e = &recvEntry{connID: h.ConnID, w: window.New(start-1, false)}
 		if fromTomb {
 			// And the OOB messages it delivered above a gap: not again.
 			for _, s := range t.oob {
-				if s < start {
-					continue
-				}
-				e.buf[s] = nil
-				e.highest = max(e.highest, s)
+				e.w.Add(s, nil, true, 0) // those below start are refused
 			}
 		}
 		u.recv[src] = e
 	}
-	if h.Seqno > e.next && h.Seqno-e.next >= maxAhead {
+	oob := m.Has(stack.OOB)
+	limit := int64(u.cfg.MaxBuffered)
+	if oob {
+		limit = 0 // not kept: delivered at once
+	}
+	res := e.w.Add(h.Seqno, m, oob, limit)
+	if res != window.TooFar {
+		e.used = now
+	}
+	switch res {
+	case window.TooFar:
 		// Forged or corrupt: a real one is resent once the gap closes.
 		u.mu.Unlock()
 		u.st.impossible.Add(1)
 		return false
-	}
-	e.used = now
-	if _, dup := e.buf[h.Seqno]; dup || h.Seqno < e.next {
+	case window.Duplicate:
 		u.mu.Unlock()
 		u.st.duplicates.Add(1)
 		return false
-	}
-	oob := m.Has(stack.OOB)
-	size := int64(len(m.Payload))
-	if !oob && h.Seqno != e.next && u.cfg.MaxBuffered > 0 && e.buffered+size > int64(u.cfg.MaxBuffered) {
+	case window.Full:
 		// Full (a sender beyond its credits, or a long gap): dropped and
-		// fetched again later. The next seqno to deliver is always taken,
-		// so delivery can move on and make room.
-		e.highest = max(e.highest, h.Seqno)
+		// fetched again later (the window counts it as a gap). The next
+		// seqno to deliver is always taken, so delivery can move on and
+		// make room.
 		u.mu.Unlock()
 		u.st.bufferFull.Add(1)
 		return false
 	}
-	if oob {
-		e.buf[h.Seqno] = nil
-	} else {
-		e.buf[h.Seqno] = m
-		e.buffered += size
-		if e.buffered > u.st.bufferedPeak.Load() {
-			u.st.bufferedPeak.Store(e.buffered)
-		}
+	if b := e.w.Buffered(); !oob && b > u.st.bufferedPeak.Load() {
+		u.st.bufferedPeak.Store(b)
 	}
-	e.highest = max(e.highest, h.Seqno)
 	e.bytes += int64(len(m.Payload))
 	stableNow := e.bytes >= int64(u.cfg.MaxBytes)
 	var sh *Header
@@ -147,62 +142,27 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 }
 
 // deliverFrom passes up, in order, what can be delivered from src. One
-// goroutine at a time delivers per source; others leave their messages to it.
+// goroutine at a time delivers per source (the window's remover); others
+// leave their messages to it.
 func (u *UNICAST2) deliverFrom(src stack.Address) {
 	u.mu.Lock()
 	e := u.recv[src]
-	if e == nil || e.removing {
+	if e == nil {
 		u.mu.Unlock()
 		return
 	}
-	e.removing = true
-	finished := false
-	defer func() {
-		if !finished {
-			u.mu.Lock()
-			e.removing = false
-			u.mu.Unlock()
-		}
-	}()
-	for {
-		if u.recv[src] != e { // closed meanwhile: its messages are not delivered
-			e.removing = false
-			finished = true
-			u.mu.Unlock()
-			return
-		}
-		msgs := e.spare[:0]
-		e.spare = nil
-		for {
-			m, ok := e.buf[e.next]
-			if !ok {
-				break
+	e.w.Deliver(&u.mu, &window.Remover{
+		// Closed meanwhile: its messages are not delivered.
+		Open: func() bool { return u.recv[src] == e },
+		Up: func(msgs []*stack.Message) {
+			u.st.delivered.Add(int64(len(msgs)))
+			if len(msgs) == 1 {
+				u.PassUp(msgs[0])
+			} else {
+				u.PassUpBatch(&stack.Batch{Src: src, Dest: u.LocalAddress(), Lane: stack.LaneRegular, Msgs: msgs})
 			}
-			delete(e.buf, e.next)
-			e.next++
-			if m != nil {
-				e.buffered -= int64(len(m.Payload))
-				msgs = append(msgs, m)
-			}
-		}
-		if len(msgs) == 0 {
-			e.spare = msgs
-			e.removing = false
-			finished = true
-			u.mu.Unlock()
-			return
-		}
-		u.mu.Unlock()
-		u.st.delivered.Add(int64(len(msgs)))
-		if len(msgs) == 1 {
-			u.PassUp(msgs[0])
-		} else {
-			u.PassUpBatch(&stack.Batch{Src: src, Dest: u.LocalAddress(), Lane: stack.LaneRegular, Msgs: msgs})
-		}
-		clear(msgs)
-		u.mu.Lock()
-		e.spare = msgs[:0]
-	}
+		},
+	})
 }
 
 // mayAskFirst applies the SEND_FIRST_SEQNO rate limit; callers hold u.mu.

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/strata-go/strata/internal/window"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/wire"
 )
@@ -147,34 +148,30 @@ type sendEntry struct {
 	progress   time.Time     // last STABLE that advanced, last send into an empty window, or last resend
 	backoff    time.Duration // wait without progress before the next resend; doubles per resend
 	used       time.Time
-	// hdrs: headers of the next messages, allocated hdrSlab at a time
-	// (one allocation per hdrSlab messages instead of one per message;
-	// a slab lives while a message that uses it is kept).
-	hdrs []Header
+	// hdrs: headers of the next messages, allocated a slab at a time (one
+	// allocation per slab of messages instead of one per message).
+	hdrs window.Slab[Header]
 }
 
-// hdrSlab is how many data headers are allocated at once.
-const hdrSlab = 64
-
-// recvEntry is the receive window from one source: seqnos below next are
-// delivered; buf holds what arrived above.
+// recvEntry is the receive connection from one source. Its window drops
+// what it delivers (the sender keeps messages until they are stable); an
+// entry without a message above the highest delivered is an OOB message
+// passed up already.
 type recvEntry struct {
 	connID     uint16
-	next       uint64
-	highest    uint64
-	buf        map[uint64]*stack.Message // nil value: an OOB message already delivered
-	bytes      int64
-	buffered   int64 // payload bytes of buf's messages (max_buffered_bytes)
+	w          *window.Window
+	bytes      int64 // payload bytes received since the last STABLE (max_bytes)
 	lastHD     uint64
 	lastHR     uint64
 	sameStable int
-	removing   bool
 	used       time.Time
-	xmit       stack.Pacer
-	// spare: the slice the remover gathers messages in, kept between runs
-	// (only the remover touches it; the layers above do not keep a
-	// batch's slice once they return).
-	spare []*stack.Message
+}
+
+// stableSeqnos returns the highest delivered and received seqnos, as a
+// STABLE says them.
+func (e *recvEntry) stableSeqnos() (hd, hr uint64) {
+	hd = e.w.HighestDelivered()
+	return hd, max(e.w.HighestReceived(), hd)
 }
 
 type tombstone struct {
@@ -220,11 +217,6 @@ func (u *UNICAST2) Start() error {
 	return nil
 }
 
-// maxAhead is how far past the next seqno to deliver a message may be; one
-// further is dropped and counted, so a forged seqno cannot leave a gap
-// nobody can fill.
-const maxAhead = 1 << 20
-
 // maxXmitBytes caps the payload one retransmission request is answered with.
 const maxXmitBytes = 1 << 20
 
@@ -258,11 +250,9 @@ func (u *UNICAST2) Down(ctx context.Context, m *stack.Message) error {
 		e.progress = now
 	}
 	e.used = now
-	if len(e.hdrs) == cap(e.hdrs) {
-		e.hdrs = make([]Header, 0, hdrSlab)
-	}
-	e.hdrs = append(e.hdrs, Header{Type: typeData, Seqno: seq, ConnID: e.connID, First: seq == 1})
-	m.PutHeader(u.ID(), &e.hdrs[len(e.hdrs)-1])
+	h := e.hdrs.New()
+	*h = Header{Type: typeData, Seqno: seq, ConnID: e.connID, First: seq == 1}
+	m.PutHeader(u.ID(), h)
 	e.msgs = append(e.msgs, m)
 	u.mu.Unlock()
 	u.st.sent.Add(1)
@@ -403,7 +393,7 @@ func (u *UNICAST2) handleXmitReq(src stack.Address, h *Header) {
 // hold u.mu.
 func (u *UNICAST2) stableHeader(e *recvEntry) *Header {
 	e.bytes = 0
-	hd, hr := e.next-1, max(e.highest, e.next-1)
+	hd, hr := e.stableSeqnos()
 	if hd == e.lastHD && hr == e.lastHR {
 		e.sameStable++
 	} else {
@@ -427,7 +417,7 @@ func (u *UNICAST2) sendStables(all bool) {
 	var outs []out
 	u.mu.Lock()
 	for src, e := range u.recv {
-		if !all && e.sameStable >= u.cfg.MaxStableMsgs && e.next-1 == e.lastHD && max(e.highest, e.next-1) == e.lastHR {
+		if hd, hr := e.stableSeqnos(); !all && e.sameStable >= u.cfg.MaxStableMsgs && hd == e.lastHD && hr == e.lastHR {
 			continue
 		}
 		outs = append(outs, out{src, u.stableHeader(e)})
@@ -455,7 +445,7 @@ func (u *UNICAST2) xmitTask() {
 	var closeRecv []stack.Address
 	u.mu.Lock()
 	for src, e := range u.recv {
-		if e.next-1 > e.lastHD {
+		if e.w.HighestDelivered() > e.lastHD {
 			// Delivered more since the last STABLE: say so now rather
 			// than at the next stable_interval. The sender then learns
 			// soon that its last message arrived, and resends a lost one
@@ -464,16 +454,10 @@ func (u *UNICAST2) xmitTask() {
 			// otherwise waits seconds for each lost last message).
 			stables = append(stables, req{src, u.stableHeader(e)})
 		}
-		var missing []uint64
-		if e.highest >= e.next && !e.xmit.Due(now, e.next, u.cfg.firstXmit(), u.cfg.XmitInterval) {
+		if e.w.Gap() && !e.w.Due(now, u.cfg.firstXmit(), u.cfg.XmitInterval) {
 			continue
 		}
-		for s := e.next; s <= e.highest && len(missing) < u.cfg.MaxXmitReq; s++ {
-			if _, ok := e.buf[s]; !ok {
-				missing = append(missing, s)
-			}
-		}
-		if len(missing) > 0 {
+		if missing := e.w.Missing(e.w.HighestReceived(), u.cfg.MaxXmitReq); len(missing) > 0 {
 			reqs = append(reqs, req{src, &Header{Type: typeXmitReq, ConnID: e.connID, Missing: missing}})
 		} else if u.cfg.ConnExpiry > 0 && now.Sub(e.used) > u.cfg.ConnExpiry {
 			closeRecv = append(closeRecv, src)
@@ -542,17 +526,11 @@ func (u *UNICAST2) CloseReceiveConnection(src stack.Address) {
 		return
 	}
 	delete(u.recv, src)
-	u.Log().Debug("unicast2: receive connection closed", "from", src, "conn", e.connID, "delivered", e.next-1)
+	u.Log().Debug("unicast2: receive connection closed", "from", src, "conn", e.connID, "delivered", e.w.HighestDelivered())
 	var sh *Header
 	if !u.fixOff {
 		sh = u.stableHeader(e)
-		t := tombstone{connID: e.connID, hd: e.next - 1, at: time.Now()}
-		for s, m := range e.buf {
-			if m == nil { // an OOB message delivered above a gap
-				t.oob = append(t.oob, s)
-			}
-		}
-		u.tombs[src] = t
+		u.tombs[src] = tombstone{connID: e.connID, hd: e.w.HighestDelivered(), oob: e.w.DeliveredAbove(), at: time.Now()}
 	}
 	u.mu.Unlock()
 	u.st.closed.Add(1)
