@@ -137,9 +137,9 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 	var phys []netip.AddrPort
 	for i, ch := range chs {
 		addrs[i] = ch.Address()
-		pa, err := ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
+		pa, err := stack.Ask(context.Background(), ch.Stack(), stack.EvGetLocalPhysicalAddress{})
 		require.NoError(t, err)
-		phys = append(phys, pa.(netip.AddrPort))
+		phys = append(phys, pa)
 	}
 
 	thrower, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

@@ -101,14 +101,17 @@ func Take(ch *stack.Channel) *Snapshot {
 func physical(ch *stack.Channel, m stack.Address) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	v, err := ch.Stack().Transport().DownEvent(ctx, stack.EvGetPhysicalAddress{Member: m})
-	if err != nil {
+	var ap netip.AddrPort
+	var err error
+	if m.IsZero() {
+		ap, err = stack.Ask(ctx, ch.Stack(), stack.EvGetLocalPhysicalAddress{})
+	} else {
+		ap, err = stack.Ask(ctx, ch.Stack(), stack.EvGetPhysicalAddress{Member: m})
+	}
+	if err != nil || !ap.IsValid() {
 		return ""
 	}
-	if ap, ok := v.(netip.AddrPort); ok && ap.IsValid() {
-		return ap.String()
-	}
-	return ""
+	return ap.String()
 }
 
 // Fetch asks the endpoint at addr (host:port, or a URL) for its snapshot.

@@ -321,7 +321,7 @@ func (w *watcher) Up(m *stack.Message) { w.PassUp(m) }
 
 func (w *watcher) UpBatch(b *stack.Batch) { w.PassUpBatch(b) }
 
-func (w *watcher) UpEvent(ev stack.Event) (any, error) {
+func (w *watcher) UpEvent(ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if e.View != nil {
@@ -333,7 +333,7 @@ func (w *watcher) UpEvent(ev stack.Event) (any, error) {
 	return w.PassUpEvent(ev)
 }
 
-func (w *watcher) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (w *watcher) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if _, ok := ev.(stack.EvDisconnect); ok {
 		w.d.disconnected()
 	}

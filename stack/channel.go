@@ -149,7 +149,7 @@ func (c *Channel) receiver() Receiver {
 // its first view (a view of itself alone if no membership protocol is in the
 // stack), or when ctx ends.
 func (c *Channel) Connect(ctx context.Context, cluster string) error {
-	return c.connect(ctx, EvConnect{Cluster: cluster})
+	return c.connect(ctx, cluster, EvConnect{Cluster: cluster})
 }
 
 // ConnectWithState joins cluster and fetches the application state from
@@ -165,7 +165,7 @@ func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Add
 	if _, ok := c.receiver().(StateHandler); !ok {
 		return fmt.Errorf("strata: ConnectWithState: the receiver must implement StateHandler (GetState and SetState)")
 	}
-	if err := c.connect(ctx, EvConnect{Cluster: cluster, State: true, StateFrom: from}); err != nil {
+	if err := c.connect(ctx, cluster, EvConnectWithState{Cluster: cluster, StateFrom: from}); err != nil {
 		return err
 	}
 	if _, ok := Find[Flusher](c.st); ok || c.View().Size() <= 1 {
@@ -178,8 +178,8 @@ func (c *Channel) ConnectWithState(ctx context.Context, cluster string, from Add
 	return nil
 }
 
-func (c *Channel) connect(ctx context.Context, req EvConnect) error {
-	cluster := req.Cluster
+// connect joins cluster with req, an EvConnect or EvConnectWithState.
+func (c *Channel) connect(ctx context.Context, cluster string, req Event) error {
 	if cluster == "" || len(cluster) > MaxClusterName {
 		return fmt.Errorf("strata: cluster name must be 1..%d bytes", MaxClusterName)
 	}
@@ -209,7 +209,7 @@ func (c *Channel) connect(ctx context.Context, req EvConnect) error {
 	c.st.SetCluster(cluster)
 	err := c.st.Start()
 	if err == nil {
-		_, err = c.st.DownEvent(ctx, req)
+		err = c.st.DownEvent(ctx, req)
 	}
 	if err == nil && c.view.Load() == nil {
 		self := c.Address()
@@ -221,7 +221,7 @@ func (c *Channel) connect(ctx context.Context, req EvConnect) error {
 		if c.view.Load() != nil {
 			// Joined, then failed (the state could not be fetched): leave
 			// gracefully rather than be suspected as crashed.
-			_, _ = c.st.DownEvent(context.WithoutCancel(ctx), EvDisconnect{})
+			_ = c.st.DownEvent(context.WithoutCancel(ctx), EvDisconnect{})
 		}
 		c.connected.Store(false)
 		c.st.Stop()
@@ -286,7 +286,7 @@ func (c *Channel) Disconnect(ctx context.Context) error {
 	}
 	c.state = chOpen
 	c.mu.Unlock()
-	_, err := c.st.DownEvent(ctx, EvDisconnect{})
+	err := c.st.DownEvent(ctx, EvDisconnect{})
 	c.connected.Store(false)
 	if inCallback() {
 		c.stopping.Add(1)
@@ -348,7 +348,7 @@ func (c *Channel) StartFlush(ctx context.Context) error {
 	if c.wouldWaitForStateFlush() {
 		return fmt.Errorf("strata: StartFlush from a state callback: %w: the state transfer's flush ends when the callback returns", ErrWouldDeadlock)
 	}
-	_, err := c.st.DownEvent(ctx, EvStartFlush{})
+	err := c.st.DownEvent(ctx, EvStartFlush{})
 	return err
 }
 
@@ -359,7 +359,7 @@ func (c *Channel) StopFlush(ctx context.Context) error {
 	if !c.connected.Load() {
 		return ErrNotConnected
 	}
-	_, err := c.st.DownEvent(ctx, EvStopFlush{})
+	err := c.st.DownEvent(ctx, EvStopFlush{})
 	return err
 }
 
@@ -378,7 +378,7 @@ func (c *Channel) GetState(ctx context.Context, from Address) error {
 	if err := c.StartFlush(ctx); err != nil {
 		return fmt.Errorf("strata: GetState: %w", err)
 	}
-	_, err := c.st.DownEvent(ctx, EvGetState{From: from})
+	err := c.st.DownEvent(ctx, EvGetState{From: from})
 	// Unblock the group even if ctx has ended.
 	stopErr := c.StopFlush(context.WithoutCancel(ctx))
 	if err != nil {
@@ -452,13 +452,13 @@ func deliverBatch(r Receiver, bt *Batch) {
 	}
 }
 
-func (c *Channel) upEvent(ev Event) (any, error) {
+func (c *Channel) upEvent(ev Event) error {
 	r := c.receiver()
 	switch e := ev.(type) {
 	case EvViewChange:
 		v := e.View
 		if v == nil {
-			return nil, errors.New("strata: VIEW_CHANGE without a view")
+			return errors.New("strata: VIEW_CHANGE without a view")
 		}
 		c.logView(c.view.Swap(v), v)
 		// A member may send as soon as it has a view, also from the
@@ -479,9 +479,9 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 	case EvProvideState, EvApplyState:
 		sh, ok := r.(StateHandler)
 		if !ok {
-			return nil, fmt.Errorf("strata: state transfer needs a receiver with GetState and SetState (StateHandler), have %T", r)
+			return fmt.Errorf("strata: state transfer needs a receiver with GetState and SetState (StateHandler), have %T", r)
 		}
-		return nil, c.stateCallback(sh, e)
+		return c.stateCallback(sh, e)
 	case EvBlock:
 		if b, ok := r.(Blocker); ok {
 			c.cb.do(b.Block, false)
@@ -491,7 +491,7 @@ func (c *Channel) upEvent(ev Event) (any, error) {
 			c.cb.do(b.Unblock, false)
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // stateCallback runs the application's GetState or SetState. With FLUSH in
@@ -555,7 +555,7 @@ func (s *Stack) InstallView(ctx context.Context, v *View) error {
 			return vi.InstallView(ctx, v)
 		}
 	}
-	if _, err := s.DownEvent(ctx, EvViewChange{View: v}); err != nil {
+	if err := s.DownEvent(ctx, EvViewChange{View: v}); err != nil {
 		return err
 	}
 	_, err := s.top.UpEvent(EvViewChange{View: v})

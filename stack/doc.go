@@ -29,7 +29,10 @@
 // A protocol is a type that embeds Base and overrides what it handles:
 // Down and Up (one message), UpBatch (a batch from one sender), DownEvent
 // and UpEvent (control events: one struct type per event, EvViewChange,
-// EvSuspect..., handled in a type switch), Start and Stop. Register
+// EvSuspect..., handled in a type switch), Start and Stop. A query
+// (EvGetDigest, EvFindMembers...) embeds Answers[R]: the layer that knows
+// answers it with Reply, and the layer that wants it asks with Ask or
+// AskUp, which return an R, so the two cannot disagree on its type. Register
 // makes it available to stack configs, with its config struct, its
 // services (what it provides and needs around it), and a header type with
 // RegisterHeader. Base forwards everything else, so a layer sees only what

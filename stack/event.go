@@ -9,19 +9,21 @@ import (
 // Event is a control event travelling the stack (DownEvent, UpEvent). Each
 // kind is a struct type of its own, named Ev...; a layer handles the kinds
 // it knows in a type switch and passes the others on. A protocol may define
-// events of its own: any type with an EventName.
-type Event interface {
-	// EventName is the event's name in logs and traces (VIEW_CHANGE).
-	EventName() string
-}
+// events of its own; one that answers embeds Answers (see Query).
+type Event any
 
 // EvConnect (down): join Cluster. Returns when the member has its first
-// view, or an error. With State (Channel.ConnectWithState) the member
-// fetches the state from StateFrom (zero: the coordinator) inside the flush
-// that installs its first view.
+// view, or an error.
 type EvConnect struct {
+	Cluster string
+}
+
+// EvConnectWithState (down): join Cluster as EvConnect does, and fetch the
+// application's state from StateFrom (zero: the coordinator); with FLUSH,
+// inside the flush that installs the member's first view
+// (Channel.ConnectWithState).
+type EvConnectWithState struct {
 	Cluster   string
-	State     bool
 	StateFrom Address
 }
 
@@ -45,25 +47,32 @@ type EvBlock struct{}
 // EvUnblock (up): the flush ended; sends are allowed again.
 type EvUnblock struct{}
 
-// EvGetDigest (down): query the reliable-multicast layer. Returns a Digest.
-type EvGetDigest struct{}
+// EvGetDigest (down): query the reliable-multicast layer for its Digest.
+type EvGetDigest struct{ Answers[Digest] }
 
 // EvSetDigest (down): start each listed sender's table after its highest
 // delivered seqno (joiners, flush).
 type EvSetDigest struct{ Digest Digest }
 
-// EvFindMembers (down): ask discovery who is out there. Returns
-// []MemberInfo (never the local member).
+// EvFindMembers (down): ask discovery who is out there (never the local
+// member).
 type EvFindMembers struct {
+	Answers[[]MemberInfo]
 	Timeout time.Duration // how long to collect answers; 0: discovery's own timeout
 	// BreakOnCoord returns as soon as a coordinator answers.
 	BreakOnCoord bool
 }
 
 // EvGetPhysicalAddress (down): query the transport for Member's network
-// address (zero Member: the local one). Returns netip.AddrPort, or nil if
-// unknown.
-type EvGetPhysicalAddress struct{ Member Address }
+// address; the zero AddrPort if it does not know it.
+type EvGetPhysicalAddress struct {
+	Answers[netip.AddrPort]
+	Member Address
+}
+
+// EvGetLocalPhysicalAddress (down): query the transport for this member's
+// own network address; the zero AddrPort if it has none.
+type EvGetLocalPhysicalAddress struct{ Answers[netip.AddrPort] }
 
 // EvAddPhysicalAddress (down): discovery teaches the transport that
 // Logical listens at Physical.
@@ -75,31 +84,37 @@ type EvAddPhysicalAddress struct {
 // EvWhoHas (up): the transport needs the physical address of Member.
 type EvWhoHas struct{ Member Address }
 
-// EvStartFlush (down from the channel, up from GMS): block the group's
-// multicasts and have every participant deliver the same messages. Returns
-// when the group is flushed (a view change's round: a FlushResult), or an
-// error.
+// EvStartFlush (down from the channel): the application's flush. Block the
+// group's multicasts and have every participant deliver the same messages;
+// returns when the group is flushed, or an error.
 type EvStartFlush struct {
 	// Participants are the members to block; nil: the current view.
 	Participants []Address
-	// ViewChange marks GMS's flush before a view change; such a round takes
-	// precedence over an application's flush.
-	ViewChange bool
-	// Merge (with ViewChange): the participants come from several views (a
-	// merge); every one of them is awaited, not only those in the
-	// initiator's view.
+}
+
+// EvStopFlush (down from the channel): end the application's flush round
+// this member started; returns when every participant has unblocked. It
+// never ends a view change's round.
+type EvStopFlush struct{}
+
+// EvStartViewChangeFlush (up from the membership layer): the flush before a
+// view change, which takes precedence over an application's flush. Answers
+// which participants the round went on without.
+type EvStartViewChangeFlush struct {
+	Answers[FlushResult]
+	// Participants are the members to block; nil: the current view.
+	Participants []Address
+	// Merge: the participants come from several views (a merge); every one
+	// of them is awaited, not only those in the initiator's view.
 	Merge bool
 }
 
-// EvStopFlush (down from the channel, up from GMS): end this member's
-// flush round; returns when every participant has unblocked.
-type EvStopFlush struct {
-	// Participants are the members to unblock; nil: the current view. A
-	// stop also reaches joiners listed here.
+// EvStopViewChangeFlush (up from the membership layer): end the view
+// change's round; returns when every participant has unblocked. It never
+// ends an application's round.
+type EvStopViewChangeFlush struct {
+	// Participants are joiners the stop reaches too.
 	Participants []Address
-	// ViewChange: a stop ends only a round of its own kind; GMS's stop never
-	// ends the application's round.
-	ViewChange bool
 	// AwaitState: joiners that fetch the state inside this round
 	// (Channel.ConnectWithState); the group stays blocked until they have.
 	AwaitState []Address
@@ -110,10 +125,10 @@ type EvStopFlush struct {
 	View *View
 }
 
-// FlushResult is what a view change's EvStartFlush returns. Without lists
-// the participants the round went on without (they did not answer in
-// time): they took no part in the cut, so the view that follows must not
-// contain them.
+// FlushResult answers EvStartViewChangeFlush. Without lists the
+// participants the round went on without (they did not answer in time):
+// they took no part in the cut, so the view that follows must not contain
+// them.
 type FlushResult struct {
 	Without []Address
 }
@@ -141,8 +156,8 @@ type EvMerge struct{ Coords []Address }
 
 // EvKnownMembers (down): the transport lists every member it can reach by
 // unicast (its address cache), so MERGE3 can reach other subgroups without
-// IP multicast. Returns []Address, or nil if it cannot say.
-type EvKnownMembers struct{}
+// IP multicast; nil if it cannot say.
+type EvKnownMembers struct{ Answers[[]Address] }
 
 // EvReconcile (down): deliver, from each sender in Target, everything up to
 // its entry's highest seqno (fetching what is missing). From[i], when set,
@@ -185,12 +200,12 @@ type EvRecallSenders struct{}
 type EvReleaseSenders struct{}
 
 // EvHold (down): a flush before a view change begins. The reliable-
-// multicast layer returns its Digest and holds every other sender at what
+// multicast layer answers its Digest and holds every other sender at what
 // it has delivered from it: an EvReconcile lets each go up to the round's
 // target, and the rest (sent in the next view) waits until EvReleaseHold,
 // which FLUSH sends only once this member has the new view. Internal
 // messages pass a hold, in their seqno order.
-type EvHold struct{}
+type EvHold struct{ Answers[Digest] }
 
 // EvReleaseHold (down): the flush ended; every hold ends.
 type EvReleaseHold struct{}
@@ -202,90 +217,3 @@ type EvJoinRefused struct {
 	By     Address
 	Reason error
 }
-
-// EventName returns "CONNECT".
-func (EvConnect) EventName() string { return "CONNECT" }
-
-// EventName returns "DISCONNECT".
-func (EvDisconnect) EventName() string { return "DISCONNECT" }
-
-// EventName returns "VIEW_CHANGE".
-func (EvViewChange) EventName() string { return "VIEW_CHANGE" }
-
-// EventName returns "SUSPECT".
-func (EvSuspect) EventName() string { return "SUSPECT" }
-
-// EventName returns "UNSUSPECT".
-func (EvUnsuspect) EventName() string { return "UNSUSPECT" }
-
-// EventName returns "BLOCK".
-func (EvBlock) EventName() string { return "BLOCK" }
-
-// EventName returns "UNBLOCK".
-func (EvUnblock) EventName() string { return "UNBLOCK" }
-
-// EventName returns "GET_DIGEST".
-func (EvGetDigest) EventName() string { return "GET_DIGEST" }
-
-// EventName returns "SET_DIGEST".
-func (EvSetDigest) EventName() string { return "SET_DIGEST" }
-
-// EventName returns "FIND_MBRS".
-func (EvFindMembers) EventName() string { return "FIND_MBRS" }
-
-// EventName returns "GET_PHYSICAL_ADDRESS".
-func (EvGetPhysicalAddress) EventName() string { return "GET_PHYSICAL_ADDRESS" }
-
-// EventName returns "ADD_PHYSICAL_ADDRESS".
-func (EvAddPhysicalAddress) EventName() string { return "ADD_PHYSICAL_ADDRESS" }
-
-// EventName returns "WHO_HAS".
-func (EvWhoHas) EventName() string { return "WHO_HAS" }
-
-// EventName returns "START_FLUSH".
-func (EvStartFlush) EventName() string { return "START_FLUSH" }
-
-// EventName returns "STOP_FLUSH".
-func (EvStopFlush) EventName() string { return "STOP_FLUSH" }
-
-// EventName returns "GET_STATE".
-func (EvGetState) EventName() string { return "GET_STATE" }
-
-// EventName returns "STABLE".
-func (EvStable) EventName() string { return "STABLE" }
-
-// EventName returns "SEND_TO_PHYSICAL".
-func (EvSendToPhysical) EventName() string { return "SEND_TO_PHYSICAL" }
-
-// EventName returns "MERGE".
-func (EvMerge) EventName() string { return "MERGE" }
-
-// EventName returns "KNOWN_MEMBERS".
-func (EvKnownMembers) EventName() string { return "KNOWN_MEMBERS" }
-
-// EventName returns "RECONCILE".
-func (EvReconcile) EventName() string { return "RECONCILE" }
-
-// EventName returns "PROVIDE_STATE".
-func (EvProvideState) EventName() string { return "PROVIDE_STATE" }
-
-// EventName returns "APPLY_STATE".
-func (EvApplyState) EventName() string { return "APPLY_STATE" }
-
-// EventName returns "VIEW_INCONSISTENT".
-func (EvViewInconsistent) EventName() string { return "VIEW_INCONSISTENT" }
-
-// EventName returns "RECALL_SENDERS".
-func (EvRecallSenders) EventName() string { return "RECALL_SENDERS" }
-
-// EventName returns "RELEASE_SENDERS".
-func (EvReleaseSenders) EventName() string { return "RELEASE_SENDERS" }
-
-// EventName returns "HOLD".
-func (EvHold) EventName() string { return "HOLD" }
-
-// EventName returns "RELEASE_HOLD".
-func (EvReleaseHold) EventName() string { return "RELEASE_HOLD" }
-
-// EventName returns "JOIN_REFUSED".
-func (EvJoinRefused) EventName() string { return "JOIN_REFUSED" }

@@ -11,7 +11,8 @@ import (
 
 // Protocol is one layer of a stack. Messages travel Down (towards the wire)
 // and Up (towards the application), singly or, upwards, as batches; control
-// events travel DownEvent and UpEvent and may return a value (for queries).
+// events travel DownEvent and UpEvent, and a query's answer comes back as an
+// Answer (see Query, Reply, Ask).
 //
 // Every protocol embeds Base (or TransportBase), which forwards everything,
 // so a protocol implements only the methods for what it adds. To forward,
@@ -34,8 +35,8 @@ type Protocol interface {
 	Down(ctx context.Context, m *Message) error
 	Up(m *Message)
 	UpBatch(b *Batch)
-	DownEvent(ctx context.Context, ev Event) (any, error)
-	UpEvent(ev Event) (any, error)
+	DownEvent(ctx context.Context, ev Event) (Answer, error)
+	UpEvent(ev Event) (Answer, error)
 
 	base() *Base
 }
@@ -204,10 +205,12 @@ func (b *Base) UpBatchInOrder(bt *Batch, mine func(*Message) bool, handle func(*
 }
 
 // DownEvent forwards ev to the layer below.
-func (b *Base) DownEvent(ctx context.Context, ev Event) (any, error) { return b.PassDownEvent(ctx, ev) }
+func (b *Base) DownEvent(ctx context.Context, ev Event) (Answer, error) {
+	return b.PassDownEvent(ctx, ev)
+}
 
 // UpEvent forwards ev to the layer above.
-func (b *Base) UpEvent(ev Event) (any, error) { return b.PassUpEvent(ev) }
+func (b *Base) UpEvent(ev Event) (Answer, error) { return b.PassUpEvent(ev) }
 
 // PassDown sends m to the layer below.
 func (b *Base) PassDown(ctx context.Context, m *Message) error {
@@ -234,13 +237,14 @@ func (b *Base) PassUpBatch(bt *Batch) {
 	}
 }
 
-// PassDownEvent sends ev to the layer below; at the bottom it returns nil.
-func (b *Base) PassDownEvent(ctx context.Context, ev Event) (any, error) {
+// PassDownEvent sends ev to the layer below; at the bottom it returns no
+// answer.
+func (b *Base) PassDownEvent(ctx context.Context, ev Event) (Answer, error) {
 	if l := b.down.Load(); l != nil {
 		noteView(l.p, ev)
 		return l.p.DownEvent(ctx, ev)
 	}
-	return nil, nil
+	return Answer{}, nil
 }
 
 // noteView records the view of a VIEW_CHANGE about to reach p, for View;
@@ -264,12 +268,12 @@ func noteView(p Protocol, ev Event) {
 func (b *Base) View() *View { return b.view.Load() }
 
 // PassUpEvent sends ev to the layer above; at the top it reaches the channel.
-func (b *Base) PassUpEvent(ev Event) (any, error) {
+func (b *Base) PassUpEvent(ev Event) (Answer, error) {
 	if l := b.up.Load(); l != nil {
 		noteView(l.p, ev)
 		return l.p.UpEvent(ev)
 	}
-	return nil, nil
+	return Answer{}, nil
 }
 
 // Above returns the protocol above, or nil at the top.

@@ -379,9 +379,10 @@ func (s *Stack) Close() error {
 // Down sends m from the top of the stack.
 func (s *Stack) Down(ctx context.Context, m *Message) error { return s.top.PassDown(ctx, m) }
 
-// DownEvent sends ev from the top of the stack.
-func (s *Stack) DownEvent(ctx context.Context, ev Event) (any, error) {
-	return s.top.PassDownEvent(ctx, ev)
+// DownEvent sends ev from the top of the stack; ask a query with Ask.
+func (s *Stack) DownEvent(ctx context.Context, ev Event) error {
+	_, err := s.top.PassDownEvent(ctx, ev)
+	return err
 }
 
 // Stats returns every layer's counters, bottom first.
@@ -422,9 +423,9 @@ func (t *topLayer) UpBatch(bt *Batch) {
 	}
 }
 
-func (t *topLayer) UpEvent(ev Event) (any, error) {
+func (t *topLayer) UpEvent(ev Event) (Answer, error) {
 	if c := t.ch; c != nil {
-		return c.upEvent(ev)
+		return Answer{}, c.upEvent(ev)
 	}
-	return nil, nil
+	return Answer{}, nil
 }

@@ -81,9 +81,9 @@ func (t *TransportBase) transportBase() *TransportBase { return t }
 
 // DownEvent answers EvSendToPhysical with ErrNotSupported (a transport
 // with network addresses overrides it) and ends every other event.
-func (t *TransportBase) DownEvent(ctx context.Context, ev Event) (any, error) {
+func (t *TransportBase) DownEvent(ctx context.Context, ev Event) (Answer, error) {
 	if _, ok := ev.(EvSendToPhysical); ok {
-		return nil, ErrNotSupported
+		return Answer{}, ErrNotSupported
 	}
 	return t.PassDownEvent(ctx, ev)
 }

@@ -396,7 +396,7 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 
 // DownEvent tracks the view: members that left release what they held,
 // joiners get full credits.
-func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if e.View != nil {
@@ -414,7 +414,7 @@ func (f *FlowControl) DownEvent(ctx context.Context, ev stack.Event) (any, error
 
 // UpEvent tracks the view when this layer sits above the membership
 // layer, which passes views up (DownEvent has it when below).
-func (f *FlowControl) UpEvent(ev stack.Event) (any, error) {
+func (f *FlowControl) UpEvent(ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
 		f.viewChange(vc.View)
 	}

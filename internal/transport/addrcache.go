@@ -190,7 +190,7 @@ func (c *AddrCache) Members(self stack.Address) []stack.Address {
 // from its cache c (nil before Start): learn a member's address, list the
 // members known, name a member's address (local for this member, self).
 // A view also updates c but is not taken (handled false): it goes on down.
-func (c *AddrCache) Event(self stack.Address, local netip.AddrPort, ev stack.Event) (result any, handled bool) {
+func (c *AddrCache) Event(self stack.Address, local netip.AddrPort, ev stack.Event) (result stack.Answer, handled bool) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if v := e.View; v != nil && c != nil {
@@ -200,23 +200,26 @@ func (c *AddrCache) Event(self stack.Address, local netip.AddrPort, ev stack.Eve
 		if c != nil && e.Physical.IsValid() && e.Logical != self {
 			c.Learn(e.Logical, e.Physical)
 		}
-		return nil, true
+		return stack.Answer{}, true
 	case stack.EvKnownMembers:
 		if c == nil {
-			return nil, true
+			return stack.Reply(e, []stack.Address(nil)), true
 		}
-		return c.Members(self), true
+		return stack.Reply(e, c.Members(self)), true
+	case stack.EvGetLocalPhysicalAddress:
+		return stack.Reply(e, local), true
 	case stack.EvGetPhysicalAddress:
 		a := e.Member
-		if a.IsZero() || a == self {
-			return local, true
+		if a == self {
+			return stack.Reply(e, local), true
 		}
-		if c != nil {
+		var ap netip.AddrPort
+		if c != nil && !a.IsZero() {
 			if ce := c.Get(a); ce != nil {
-				return ce.AP, true
+				ap = ce.AP
 			}
 		}
-		return nil, true
+		return stack.Reply(e, ap), true
 	}
-	return nil, false
+	return stack.Answer{}, false
 }

@@ -656,7 +656,7 @@ func (r *chaosRun) reliability(live []int) string {
 	var b strings.Builder
 	for _, i := range live {
 		st := r.chs[i].Stack()
-		d, err := st.DownEvent(context.Background(), stack.EvGetDigest{})
+		d, err := stack.Ask(context.Background(), st, stack.EvGetDigest{})
 		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
 		for _, ps := range r.chs[i].Stats() {
 			switch ps.Protocol {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -67,9 +66,9 @@ frag_size = "8KB"
 	for _, a := range c.Channels {
 		for _, b := range c.Channels {
 			if a != b {
-				pa, err := b.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
+				pa, err := stack.Ask(context.Background(), b.Stack(), stack.EvGetLocalPhysicalAddress{})
 				require.NoError(t, err)
-				_, err = a.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.Address(), Physical: pa.(netip.AddrPort)})
+				err = a.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.Address(), Physical: pa})
 				require.NoError(t, err)
 			}
 		}

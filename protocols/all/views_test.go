@@ -36,7 +36,7 @@ func (s *viewSpy) seen() (down, up map[stack.ViewID]int) {
 	return maps.Clone(s.down), maps.Clone(s.up)
 }
 
-func (s *viewSpy) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (s *viewSpy) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
 		v := vc.View
 		s.mu.Lock()
@@ -46,7 +46,7 @@ func (s *viewSpy) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 	return s.PassDownEvent(ctx, ev)
 }
 
-func (s *viewSpy) UpEvent(ev stack.Event) (any, error) {
+func (s *viewSpy) UpEvent(ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
 		v := vc.View
 		s.mu.Lock()

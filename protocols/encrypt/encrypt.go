@@ -202,10 +202,7 @@ func (e *Encrypt) Start() error {
 	if l, ok := e.Stack().Transport().(stack.AddressLearner); ok {
 		e.learner.Store(&l)
 	}
-	var phys netip.AddrPort
-	if v, _ := e.PassDownEvent(e.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
-		phys, _ = v.(netip.AddrPort)
-	}
+	phys, _ := stack.Ask(e.Context(), e, stack.EvGetLocalPhysicalAddress{})
 	e.phys.Store(&phys)
 	return nil
 }

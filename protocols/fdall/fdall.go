@@ -191,7 +191,7 @@ func (f *FDAll) UpBatch(bt *stack.Batch) {
 }
 
 // DownEvent tracks the view: new members start as heard from now.
-func (f *FDAll) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (f *FDAll) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			f.setView(v)

@@ -11,14 +11,16 @@ import (
 
 // DownEvent runs flushes for the channel, blocks a joiner from the moment
 // it asks to join, and tracks the view.
-func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvStartFlush:
-		return nil, f.StartFlush(ctx, e)
+		return stack.Answer{}, f.StartFlush(ctx, e)
 	case stack.EvStopFlush:
-		return nil, f.stopFlush(ctx, e)
+		return stack.Answer{}, f.stopFlush(ctx, stopReq{})
 	case stack.EvConnect:
-		return nil, f.connect(ctx, e)
+		return stack.Answer{}, f.connect(ctx, ev, false, stack.Address{})
+	case stack.EvConnectWithState:
+		return stack.Answer{}, f.connect(ctx, ev, true, e.StateFrom)
 	case stack.EvViewChange:
 		if e.View != nil {
 			f.viewChange(e.View)
@@ -30,14 +32,15 @@ func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 }
 
 // UpEvent runs GMS's flushes around view changes.
-func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
+func (f *FLUSH) UpEvent(ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
-	case stack.EvStartFlush:
+	case stack.EvStartViewChangeFlush:
 		ctx, cancel := context.WithTimeout(f.Context(), f.cfg.Timeout)
 		defer cancel()
-		return f.startFlush(ctx, e)
-	case stack.EvStopFlush:
-		return nil, f.stopFlush(f.Context(), e)
+		res, err := f.startFlush(ctx, flushReq{EvStartViewChangeFlush: e, vc: true})
+		return stack.Reply(e, res), err
+	case stack.EvStopViewChangeFlush:
+		return stack.Answer{}, f.stopFlush(f.Context(), stopReq{EvStopViewChangeFlush: e, vc: true})
 	case stack.EvSuspect:
 		f.mu.Lock()
 		for _, a := range e.Members {
@@ -68,7 +71,9 @@ func (f *FLUSH) UpEvent(ev stack.Event) (any, error) {
 	return f.PassUpEvent(ev)
 }
 
-func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
+// connect joins (ev: EvConnect or, with state, EvConnectWithState, which
+// fetches the state from stateFrom inside the flush of the first view).
+func (f *FLUSH) connect(ctx context.Context, ev stack.Event, state bool, stateFrom stack.Address) error {
 	joined := make(chan struct{})
 	f.step(func(p *participant, now time.Time) []effect {
 		f.joinDone = joined
@@ -87,10 +92,10 @@ func (f *FLUSH) connect(ctx context.Context, ev stack.EvConnect) error {
 		return nil
 	}
 	var stateErr error
-	if ev.State {
+	if state {
 		// Still blocked, as is the group: fetch the state, then let the
 		// round's initiator (the view's creator) stop the flush.
-		_, stateErr = f.PassDownEvent(ctx, stack.EvGetState{From: ev.StateFrom})
+		_, stateErr = f.PassDownEvent(ctx, stack.EvGetState{From: stateFrom})
 		f.mu.Lock()
 		coord := f.part.view.ID.Creator
 		f.mu.Unlock()

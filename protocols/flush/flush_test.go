@@ -796,7 +796,7 @@ func TestOnlyTheOwnerEndsItsRound(t *testing.T) {
 		b := ms[1]
 		ctx := t.Context()
 		require.NoError(t, b.Ch.StartFlush(ctx))
-		_, err := b.f.UpEvent(stack.EvStopFlush{ViewChange: true})
+		_, err := b.f.UpEvent(stack.EvStopViewChangeFlush{})
 		require.NoError(t, err)
 		synctest.Wait()
 		for _, m := range ms {

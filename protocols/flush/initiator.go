@@ -12,17 +12,31 @@ import (
 
 // ---- the initiator
 
+// flushReq asks for a round: the application's (EvStartFlush, vc false)
+// or the membership layer's before a view change (vc).
+type flushReq struct {
+	stack.EvStartViewChangeFlush
+	vc bool
+}
+
+// stopReq ends a round of its own kind (vc): the application's
+// (EvStopFlush) or a view change's.
+type stopReq struct {
+	stack.EvStopViewChangeFlush
+	vc bool
+}
+
 // StartFlush runs a round over the participants (nil: the view) and
 // returns when they are all blocked and have delivered the same messages.
 // It retries a refused or timed-out round up to max_attempts times.
 func (f *FLUSH) StartFlush(ctx context.Context, req stack.EvStartFlush) error {
-	_, err := f.startFlush(ctx, req)
+	_, err := f.startFlush(ctx, flushReq{EvStartViewChangeFlush: stack.EvStartViewChangeFlush{Participants: req.Participants}})
 	return err
 }
 
 // startFlush is StartFlush that also says which participants a view-change
 // round went on without.
-func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.FlushResult, error) {
+func (f *FLUSH) startFlush(ctx context.Context, req flushReq) (stack.FlushResult, error) {
 	var res stack.FlushResult
 	select {
 	case f.owner <- struct{}{}:
@@ -36,7 +50,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 		var skipped []stack.Address
 		if skipped, err = f.attempt(ctx, req); err == nil {
 			f.count.completed.Add(1)
-			if req.ViewChange {
+			if req.vc {
 				// Suspected participants the round stopped waiting for
 				// are not in the cut either.
 				for _, a := range skipped {
@@ -54,7 +68,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 		// crashed, or left while the round ran) must not stop the others
 		// from agreeing on what they delivered: go on without it at once.
 		var na *noAnswer
-		if req.ViewChange && errors.As(err, &na) {
+		if req.vc && errors.As(err, &na) {
 			if req.Participants == nil {
 				f.mu.Lock()
 				if f.part.view != nil {
@@ -90,7 +104,7 @@ func (f *FLUSH) startFlush(ctx context.Context, req stack.EvStartFlush) (stack.F
 	return res, fmt.Errorf("%w: %w", ErrFlushFailed, err)
 }
 
-func (f *FLUSH) attempt(ctx context.Context, req stack.EvStartFlush) ([]stack.Address, error) {
+func (f *FLUSH) attempt(ctx context.Context, req flushReq) ([]stack.Address, error) {
 	self := f.LocalAddress()
 	parts := req.Participants
 	f.mu.Lock()
@@ -165,14 +179,14 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound) error {
 // their STOP_FLUSH only after that, so a joiner's Connect returns into a
 // group where everyone can send.
 func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
-	return f.stopFlush(ctx, stack.EvStopFlush{Participants: extra})
+	return f.stopFlush(ctx, stopReq{EvStopViewChangeFlush: stack.EvStopViewChangeFlush{Participants: extra}})
 }
 
-func (f *FLUSH) stopFlush(ctx context.Context, req stack.EvStopFlush) error {
+func (f *FLUSH) stopFlush(ctx context.Context, req stopReq) error {
 	extra := req.Participants
 	f.mu.Lock()
 	ir := f.run
-	if ir == nil || ir.phase == typeUnblocked || ir.vc != req.ViewChange {
+	if ir == nil || ir.phase == typeUnblocked || ir.vc != req.vc {
 		// Only the owner ends its round: GMS's stop never ends the
 		// application's round (GMS's own start may have failed), nor the
 		// application's GMS's.

@@ -186,14 +186,11 @@ func (f *FLUSH) answer(src stack.Address, h *Header) {
 // also holds every sender at what this member delivered until the round
 // ends (see stack.EvHold).
 func (f *FLUSH) digest(hold bool) stack.Digest {
-	var ev stack.Event = stack.EvGetDigest{}
+	var d stack.Digest
 	if hold {
-		ev = stack.EvHold{}
+		d, _ = stack.Ask(f.Context(), f, stack.EvHold{})
+	} else {
+		d, _ = stack.Ask(f.Context(), f, stack.EvGetDigest{})
 	}
-	v, err := f.PassDownEvent(f.Context(), ev)
-	if err != nil {
-		return nil
-	}
-	d, _ := v.(stack.Digest)
 	return d
 }

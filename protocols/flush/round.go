@@ -36,8 +36,8 @@ type initRound struct {
 	wake     chan struct{}   // FLUSH's: an answer, a suspicion or a view came
 }
 
-func newRound(id RoundID, req stack.EvStartFlush, parts []stack.Address) *initRound {
-	return &initRound{id: id, vc: req.ViewChange, merge: req.Merge, parts: slices.Clone(parts), wake: make(chan struct{}, 1)}
+func newRound(id RoundID, req flushReq, parts []stack.Address) *initRound {
+	return &initRound{id: id, vc: req.vc, merge: req.Merge, parts: slices.Clone(parts), wake: make(chan struct{}, 1)}
 }
 
 func (ir *initRound) kick() {

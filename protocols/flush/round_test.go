@@ -50,7 +50,7 @@ func TestInitRound(t *testing.T) {
 	}
 
 	t.Run("start, resend to the silent, reconcile, stop with a joiner", func(t *testing.T) {
-		ir := newRound(id, stack.EvStartFlush{ViewChange: true}, view.Members)
+		ir := newRound(id, flushReq{vc: true}, view.Members)
 		require.Equal(t, map[uint8][]stack.Address{typeStart: {self, b, c}}, sends(t, ir.start(timeout, t0)))
 		require.True(t, ir.answer(self, ans(typeCompleted, stack.Digest{{Member: self, HighestDelivered: 3, HighestReceived: 3}})))
 		require.True(t, ir.answer(b, ans(typeCompleted, stack.Digest{{Member: self, HighestDelivered: 2, HighestReceived: 5}})))
@@ -103,16 +103,16 @@ func TestInitRound(t *testing.T) {
 	})
 
 	t.Run("the stop of a view change names the initiator's view", func(t *testing.T) {
-		ir := newRound(id, stack.EvStartFlush{ViewChange: true}, view.Members)
+		ir := newRound(id, flushReq{vc: true}, view.Members)
 		ir.stop(ir.parts, view, self, timeout, t0)
 		require.Equal(t, view.ID, ir.msg.View)
-		merge := newRound(id, stack.EvStartFlush{ViewChange: true, Merge: true}, view.Members)
+		merge := newRound(id, flushReq{EvStartViewChangeFlush: stack.EvStartViewChangeFlush{Merge: true}, vc: true}, view.Members)
 		merge.stop(merge.parts, view, self, timeout, t0)
 		require.Zero(t, merge.msg.View, "a merge round without its view names none")
 	})
 
 	t.Run("a suspected participant is not awaited", func(t *testing.T) {
-		ir := newRound(id, stack.EvStartFlush{}, view.Members)
+		ir := newRound(id, flushReq{}, view.Members)
 		ir.start(timeout, t0)
 		ir.answer(self, ans(typeCompleted, nil))
 		ir.answer(b, ans(typeCompleted, nil))
@@ -123,7 +123,7 @@ func TestInitRound(t *testing.T) {
 	})
 
 	t.Run("refused", func(t *testing.T) {
-		ir := newRound(id, stack.EvStartFlush{}, view.Members)
+		ir := newRound(id, flushReq{}, view.Members)
 		ir.start(timeout, t0)
 		require.False(t, ir.refuse(&Header{Type: typeNotCompleted, Round: RoundID{Initiator: b, N: 7}}), "another round's")
 		require.True(t, ir.refuse(&Header{Type: typeNotCompleted, Round: id}))
@@ -133,7 +133,7 @@ func TestInitRound(t *testing.T) {
 	})
 
 	t.Run("no answer within the timeout", func(t *testing.T) {
-		ir := newRound(id, stack.EvStartFlush{}, view.Members)
+		ir := newRound(id, flushReq{}, view.Members)
 		ir.start(timeout, t0)
 		ir.answer(self, ans(typeCompleted, nil))
 		_, done, _ := poll(ir, timeout-1)

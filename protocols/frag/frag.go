@@ -277,7 +277,7 @@ func (f *FRAG) Up(m *stack.Message) {
 
 // DownEvent discards partial messages of members who left the view (when
 // this layer is below the membership layer; UpEvent when above).
-func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
 		v := vc.View
 		f.viewChange(v)
@@ -286,7 +286,7 @@ func (f *FRAG) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
 }
 
 // UpEvent is DownEvent for a view passed up.
-func (f *FRAG) UpEvent(ev stack.Event) (any, error) {
+func (f *FRAG) UpEvent(ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok && vc.View != nil {
 		v := vc.View
 		f.viewChange(v)

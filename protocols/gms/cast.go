@@ -1,6 +1,7 @@
 package gms
 
 import (
+	"errors"
 	"log/slog"
 	"slices"
 	"time"
@@ -61,15 +62,18 @@ func newMergeCast(self stack.Address, c *counters, cfg Config, id MergeID, mv *s
 // view (with a warning). Members the flush went on without did not answer,
 // were unblocked and may have sent since; they are not in the cut the
 // others agreed on, so keeping them would let the others deliver those
-// messages in the new view: they are excluded, and merge back.
-func (r *castRun) flushDone(res any, err error) []effect {
+// messages in the new view: they are excluded, and merge back. Without
+// FLUSH above no layer answers (ErrNotSupported): nothing to wait for.
+func (r *castRun) flushDone(fr stack.FlushResult, err error) []effect {
+	if errors.Is(err, stack.ErrNotSupported) {
+		fr, err = stack.FlushResult{}, nil
+	}
 	if err != nil {
 		r.count.flushFailures.Add(1)
 		return []effect{logLine{slog.LevelWarn, "installing the view without a completed flush", []any{"view", r.nv, "error", err}}}
 	}
 	r.flushed = true
-	fr, ok := res.(stack.FlushResult)
-	if !ok || len(fr.Without) == 0 {
+	if len(fr.Without) == 0 {
 		return nil
 	}
 	r.nv, r.excluded = withoutUnflushed(r.nv, fr.Without)
@@ -167,9 +171,9 @@ func (r *castRun) finish() []effect {
 		return nil
 	}
 	if r.merge {
-		return []effect{stopFlush{stack.EvStopFlush{View: r.nv, ViewChange: true}}}
+		return []effect{stopFlush{stack.EvStopViewChangeFlush{View: r.nv}}}
 	}
-	return []effect{stopFlush{stack.EvStopFlush{Participants: r.joiners, AwaitState: r.stateJoiners, View: r.nv, ViewChange: true}}}
+	return []effect{stopFlush{stack.EvStopViewChangeFlush{Participants: r.joiners, AwaitState: r.stateJoiners, View: r.nv}}}
 }
 
 // An effect is one thing a castRun asks GMS to do.
@@ -196,7 +200,7 @@ type rememberJoins struct {
 }
 
 // stopFlush ends the view change's flush.
-type stopFlush struct{ ev stack.EvStopFlush }
+type stopFlush struct{ ev stack.EvStopViewChangeFlush }
 
 // logLine is a line for GMS's log.
 type logLine struct {

@@ -63,7 +63,7 @@ func TestCast(t *testing.T) {
 
 		require.False(t, r.acks.ack(c, want.ID))
 		require.True(t, r.acks.ack(j, want.ID), "the last acknowledgement")
-		require.Equal(t, []effect{stopFlush{stack.EvStopFlush{Participants: []stack.Address{j}, AwaitState: []stack.Address{j}, View: want, ViewChange: true}}}, r.finish())
+		require.Equal(t, []effect{stopFlush{stack.EvStopViewChangeFlush{Participants: []stack.Address{j}, AwaitState: []stack.Address{j}, View: want}}}, r.finish())
 	})
 
 	t.Run("a failed flush: the view anyway, no round to stop", func(t *testing.T) {
@@ -71,7 +71,7 @@ func TestCast(t *testing.T) {
 		nv := stack.NewView(self, 4, self, b)
 		r := newCast(self, &n, cfg, cur, nv, nil, nil, nil)
 		require.Equal(t, []stack.Address{self, b}, r.parts, "suspected members take no part")
-		require.NotEmpty(t, r.flushDone(nil, errors.New("flush: failed")))
+		require.NotEmpty(t, r.flushDone(stack.FlushResult{}, errors.New("flush: failed")))
 		require.Equal(t, nv, r.nv)
 		require.False(t, r.needsDigest())
 		require.Equal(t, []effect{installView{v: nv}, sendMsg{h: &Header{Type: typeView, View: nv}}}, r.announce(nil, t0))
@@ -89,7 +89,7 @@ func TestCast(t *testing.T) {
 		out, over := r.tick(t0.Add(maxWait))
 		require.True(t, over)
 		require.Empty(t, noLogs(out))
-		require.Equal(t, []effect{stopFlush{stack.EvStopFlush{View: nv, ViewChange: true}}}, r.finish())
+		require.Equal(t, []effect{stopFlush{stack.EvStopViewChangeFlush{View: nv}}}, r.finish())
 	})
 
 	t.Run("a merge view goes to each member with its digest; those left out are told, not awaited", func(t *testing.T) {
@@ -103,7 +103,7 @@ func TestCast(t *testing.T) {
 		out, _ := r.tick(t0.Add(every))
 		require.Equal(t, []effect{sendMsg{to: j, h: ih}}, noLogs(out))
 		require.True(t, r.acks.ack(j, mv.ID), "c is not awaited")
-		require.Equal(t, []effect{stopFlush{stack.EvStopFlush{View: mv, ViewChange: true}}}, r.finish())
+		require.Equal(t, []effect{stopFlush{stack.EvStopViewChangeFlush{View: mv}}}, r.finish())
 	})
 }
 

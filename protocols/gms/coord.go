@@ -139,7 +139,7 @@ func (g *GMS) cast(cur, nv *stack.View, joiners, leaving, stateJoiners []stack.A
 	// With FLUSH above, the participants block and deliver the same
 	// messages before the view changes (without it the event reaches the
 	// channel, which ignores it).
-	g.do(r.flushDone(g.PassUpEvent(stack.EvStartFlush{Participants: r.parts, ViewChange: true})))
+	g.do(r.flushDone(stack.AskUp(g, stack.EvStartViewChangeFlush{Participants: r.parts})))
 	var d stack.Digest
 	if r.needsDigest() {
 		d = g.digest()

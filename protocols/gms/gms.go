@@ -255,11 +255,7 @@ func (g *GMS) send(dest stack.Address, h *Header) {
 }
 
 func (g *GMS) digest() stack.Digest {
-	v, err := g.PassDownEvent(g.Context(), stack.EvGetDigest{})
-	if err != nil {
-		return nil
-	}
-	d, _ := v.(stack.Digest)
+	d, _ := stack.Ask(g.Context(), g, stack.EvGetDigest{})
 	return d
 }
 

@@ -370,13 +370,13 @@ type collidingFlush struct {
 }
 
 func (f *collidingFlush) Name() string { return "COLLIDING_FLUSH" }
-func (f *collidingFlush) UpEvent(ev stack.Event) (any, error) {
-	if e, ok := ev.(stack.EvStartFlush); ok && e.Merge {
+func (f *collidingFlush) UpEvent(ev stack.Event) (stack.Answer, error) {
+	if e, ok := ev.(stack.EvStartViewChangeFlush); ok && e.Merge {
 		f.merges.Add(1)
 		if f.fail.Add(-1) >= 0 {
-			return nil, errors.New("flush: failed: round refused by a participant in another round")
+			return stack.Answer{}, errors.New("flush: failed: round refused by a participant in another round")
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return f.PassUpEvent(ev)
 }
@@ -418,12 +418,12 @@ type excludingFlush struct {
 }
 
 func (f *excludingFlush) Name() string { return "EXCLUDING_FLUSH" }
-func (f *excludingFlush) UpEvent(ev stack.Event) (any, error) {
-	if e, ok := ev.(stack.EvStartFlush); ok && e.Merge {
+func (f *excludingFlush) UpEvent(ev stack.Event) (stack.Answer, error) {
+	if e, ok := ev.(stack.EvStartViewChangeFlush); ok && e.Merge {
 		if w := f.without.Swap(nil); w != nil {
-			return stack.FlushResult{Without: []stack.Address{*w}}, nil
+			return stack.Reply(e, stack.FlushResult{Without: []stack.Address{*w}}), nil
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return f.PassUpEvent(ev)
 }
@@ -475,12 +475,12 @@ type sendOnView struct {
 }
 
 func (s *sendOnView) Name() string { return "SEND_ON_VIEW" }
-func (s *sendOnView) UpEvent(ev stack.Event) (any, error) {
+func (s *sendOnView) UpEvent(ev stack.Event) (stack.Answer, error) {
 	vc, ok := ev.(stack.EvViewChange)
 	if ok && vc.View.Size() == 2 && vc.View.Coordinator() == s.LocalAddress() && !s.sent.Swap(true) {
 		m := stack.NewMessage(stack.Address{}, []byte("first in the joiner's view"))
 		if err := s.PassDown(s.Context(), m); err != nil {
-			return nil, err
+			return stack.Answer{}, err
 		}
 		<-s.delivered
 	}

@@ -3,6 +3,7 @@ package gms
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -13,14 +14,15 @@ import (
 // ---- joining and leaving
 
 // DownEvent joins on CONNECT and leaves on DISCONNECT.
-func (g *GMS) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (g *GMS) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
-	case stack.EvConnect:
+	case stack.EvConnect, stack.EvConnectWithState:
 		if _, err := g.PassDownEvent(ctx, ev); err != nil {
-			return nil, err
+			return stack.Answer{}, err
 		}
-		g.joinWithState.Store(e.State)
-		return nil, g.join(ctx)
+		_, state := e.(stack.EvConnectWithState)
+		g.joinWithState.Store(state)
+		return stack.Answer{}, g.join(ctx)
 	case stack.EvDisconnect:
 		g.leave(ctx)
 	}
@@ -110,12 +112,11 @@ func (g *GMS) backoff() time.Duration {
 }
 
 func (g *GMS) discover(ctx context.Context) ([]stack.MemberInfo, error) {
-	v, err := g.PassDownEvent(ctx, stack.EvFindMembers{Timeout: g.cfg.DiscoveryTimeout, BreakOnCoord: true})
-	if err != nil {
-		return nil, err
+	infos, err := stack.Ask(ctx, g, stack.EvFindMembers{Timeout: g.cfg.DiscoveryTimeout, BreakOnCoord: true})
+	if errors.Is(err, stack.ErrNotSupported) {
+		return nil, nil // no discovery layer: this member starts the group
 	}
-	infos, _ := v.([]stack.MemberInfo)
-	return infos, nil
+	return infos, err
 }
 
 // pickCoord chooses whom to ask: the coordinator most members name,

@@ -1,6 +1,7 @@
 package gms
 
 import (
+	"errors"
 	"slices"
 	"time"
 
@@ -43,7 +44,8 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	g.count.merges.Add(1)
 	g.Log().Info("merging subgroups", "coordinators", append([]stack.Address{self}, others...))
 	var subs []mergeSub
-	var res any
+	var fr stack.FlushResult
+	flushed := false // by FLUSH; without it no layer answers the flush
 	for attempt := 0; ; attempt++ {
 		var ok bool
 		if subs, ok = g.collectMerge(ms, v, others); !ok {
@@ -78,8 +80,12 @@ func (g *GMS) runMerge(coords []stack.Address) {
 		// the merge view what the others delivered in their old one.
 		parts := mergeParticipants(subs)
 		var err error
-		res, err = g.PassUpEvent(stack.EvStartFlush{Participants: parts, ViewChange: true, Merge: true})
+		fr, err = stack.AskUp(g, stack.EvStartViewChangeFlush{Participants: parts, Merge: true})
+		if errors.Is(err, stack.ErrNotSupported) {
+			break
+		}
 		if err == nil {
+			flushed = true
 			break
 		}
 		g.count.flushFailures.Add(1)
@@ -100,11 +106,11 @@ func (g *GMS) runMerge(coords []stack.Address) {
 	defer func() {
 		// The merge gave up after its flush: the group may send again.
 		if !stopped {
-			_, _ = g.PassUpEvent(stack.EvStopFlush{ViewChange: true})
+			_, _ = g.PassUpEvent(stack.EvStopViewChangeFlush{})
 		}
 	}()
 	var without []stack.Address
-	if fr, ok := res.(stack.FlushResult); ok {
+	if flushed {
 		without = fr.Without
 		var answered []stack.Address
 		for _, s := range subs[1:] {

@@ -185,7 +185,7 @@ func (g *GMS) leftGroup() {
 }
 
 // UpEvent takes suspicions and merge requests.
-func (g *GMS) UpEvent(ev stack.Event) (any, error) {
+func (g *GMS) UpEvent(ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvSuspect:
 		g.suspect(e.Members)
@@ -210,18 +210,18 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 				}
 			}
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvMerge:
 		if len(e.Coords) > 1 {
 			g.enqueue(request{kind: reqMerge, coords: e.Coords})
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvViewInconsistent:
 		g.mu.Lock()
 		v := g.view
 		g.mu.Unlock()
 		if v == nil || v.Coordinator() != g.LocalAddress() {
-			return nil, nil
+			return stack.Answer{}, nil
 		}
 		// Members that missed a view get the current one by unicast
 		// (reliable); a view this coordinator never installed is overtaken
@@ -246,7 +246,7 @@ func (g *GMS) UpEvent(ev stack.Event) (any, error) {
 		if e.Above >= v.ID.Seq {
 			g.enqueue(request{kind: reqRefresh, above: e.Above})
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return g.PassUpEvent(ev)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -119,8 +118,8 @@ func BenchmarkBroadcastUDP4(b *testing.B) {
 			for _, x := range chs {
 				for _, y := range chs {
 					if x != y {
-						pa, _ := y.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
-						_, _ = x.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: y.Address(), Physical: pa.(netip.AddrPort)})
+						pa, _ := stack.Ask(context.Background(), y.Stack(), stack.EvGetLocalPhysicalAddress{})
+						_ = x.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: y.Address(), Physical: pa})
 					}
 				}
 			}

@@ -31,7 +31,7 @@ func (p *GROUPFC) awaited() []stack.Address {
 
 // DownEvent follows the view (members appear and disappear) and sends
 // LEAVE to every member on disconnect.
-func (p *GROUPFC) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (p *GROUPFC) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if v := e.View; v != nil {
@@ -196,7 +196,7 @@ func (p *GROUPFC) viewChange(v *stack.View) {
 
 // UpEvent notes suspected members: when the view drops them, their node is
 // down and no LEAVE is awaited.
-func (p *GROUPFC) UpEvent(ev stack.Event) (any, error) {
+func (p *GROUPFC) UpEvent(ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		// Above the membership layer, which passes views up.

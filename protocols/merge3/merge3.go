@@ -157,9 +157,7 @@ func (m *Merge3) self() *Header {
 	local := m.LocalAddress()
 	h := &Header{ViewID: v.ID, Info: stack.MemberInfo{Addr: local, IsServer: true, Coord: v.Coordinator()}}
 	h.Info.Name, _ = stack.LogicalName(local)
-	if p, _ := m.PassDownEvent(m.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); p != nil {
-		h.Info.Physical, _ = p.(netip.AddrPort)
-	}
+	h.Info.Physical, _ = stack.Ask(m.Context(), m, stack.EvGetLocalPhysicalAddress{})
 	return h
 }
 
@@ -172,8 +170,7 @@ func (m *Merge3) Announce() {
 		return
 	}
 	m.sendInfo(stack.Address{}, h)
-	known, _ := m.PassDownEvent(m.Context(), stack.EvKnownMembers{})
-	as, _ := known.([]stack.Address)
+	as, _ := stack.Ask(m.Context(), m, stack.EvKnownMembers{})
 	v := m.View()
 	for _, a := range as {
 		if !v.Contains(a) {

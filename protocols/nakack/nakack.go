@@ -482,27 +482,27 @@ func (n *NAKACK) deliverFrom(src stack.Address) {
 }
 
 // DownEvent handles views, digests and stability.
-func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (n *NAKACK) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvViewChange:
 		if v := e.View; v != nil {
 			n.viewChange(v)
 		}
 	case stack.EvGetDigest:
-		return n.Digest(), nil
+		return stack.Reply(e, n.Digest()), nil
 	case stack.EvHold:
-		return n.hold(), nil
+		return stack.Reply(e, n.hold()), nil
 	case stack.EvReleaseHold:
 		n.release()
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvSetDigest:
 		n.SetDigest(e.Digest)
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvStable:
 		n.stable(e.Digest)
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvReconcile:
-		return nil, n.reconcile(ctx, e)
+		return stack.Answer{}, n.reconcile(ctx, e)
 	}
 	return n.PassDownEvent(ctx, ev)
 }

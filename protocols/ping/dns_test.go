@@ -279,7 +279,7 @@ func TestRemovedRecordIsNoLongerProbed(t *testing.T) {
 	ch.Stack().SetCluster("probe")
 	require.NoError(t, ch.Connect(context.Background(), "probe"))
 	round := func() {
-		_, err := ch.Stack().DownEvent(context.Background(), stack.EvFindMembers{Timeout: dc.Timeout})
+		_, err := stack.Ask(context.Background(), ch.Stack(), stack.EvFindMembers{Timeout: dc.Timeout})
 		require.NoError(t, err)
 	}
 	sent := func() int64 { return stacktest.Stat(t, dp, "requests_sent") }

@@ -210,9 +210,7 @@ func (d *Discovery) self() stack.MemberInfo {
 	local := d.LocalAddress()
 	mi := stack.MemberInfo{Addr: local}
 	mi.Name, _ = stack.LogicalName(local)
-	if v, _ := d.PassDownEvent(d.Context(), stack.EvGetPhysicalAddress{Member: stack.Address{}}); v != nil {
-		mi.Physical, _ = v.(netip.AddrPort)
-	}
+	mi.Physical, _ = stack.Ask(d.Context(), d, stack.EvGetLocalPhysicalAddress{})
 	if v := d.View(); v != nil {
 		mi.IsServer, mi.Coord = true, v.Coordinator()
 	}
@@ -400,21 +398,21 @@ func containsAddrPort(s []netip.AddrPort, a netip.AddrPort) bool {
 }
 
 // UpEvent answers the transport's WHO_HAS with a targeted request.
-func (d *Discovery) UpEvent(ev stack.Event) (any, error) {
+func (d *Discovery) UpEvent(ev stack.Event) (stack.Answer, error) {
 	if e, ok := ev.(stack.EvWhoHas); ok {
 		if !e.Member.IsZero() {
 			d.whoHas.Add(1)
 			d.sendRequest(e.Member)
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return d.PassUpEvent(ev)
 }
 
 // DownEvent runs discovery rounds.
-func (d *Discovery) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (d *Discovery) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if e, ok := ev.(stack.EvFindMembers); ok {
-		return d.FindMembers(ctx, e.Timeout, e.BreakOnCoord && d.cfg.BreakOnCoord), nil
+		return stack.Reply(e, d.FindMembers(ctx, e.Timeout, e.BreakOnCoord && d.cfg.BreakOnCoord)), nil
 	}
 	return d.PassDownEvent(ctx, ev)
 }

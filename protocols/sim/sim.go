@@ -179,33 +179,35 @@ func (s *SIM) PhysicalAddress() netip.AddrPort {
 // with network addresses answers: its own address, and SEND_TO_PHYSICAL
 // (to the member holding that address; to none, lost). Other members'
 // addresses are not needed: SIM routes by logical address.
-func (s *SIM) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (s *SIM) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	phys := s.PhysicalAddress()
 	if !phys.IsValid() {
 		return s.TransportBase.DownEvent(ctx, ev)
 	}
 	switch e := ev.(type) {
+	case stack.EvGetLocalPhysicalAddress:
+		return stack.Reply(e, phys), nil
 	case stack.EvGetPhysicalAddress:
-		if e.Member.IsZero() || e.Member == s.LocalAddress() {
-			return phys, nil
+		if e.Member == s.LocalAddress() {
+			return stack.Reply(e, phys), nil
 		}
-		return nil, nil
+		return stack.Reply(e, netip.AddrPort{}), nil
 	case stack.EvSendToPhysical:
 		if e.Msg == nil || !e.To.IsValid() {
-			return nil, fmt.Errorf("sim: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
+			return stack.Answer{}, fmt.Errorf("sim: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
 		if e.To == phys {
-			return nil, nil
+			return stack.Answer{}, nil
 		}
 		m := e.Msg
 		if len(m.Payload) > stack.MaxPayload {
-			return nil, fmt.Errorf("sim: payload of %d bytes exceeds %d", len(m.Payload), stack.MaxPayload)
+			return stack.Answer{}, fmt.Errorf("sim: payload of %d bytes exceeds %d", len(m.Payload), stack.MaxPayload)
 		}
 		m.Src = s.LocalAddress()
 		pkt := stack.EncodeBundle(make([]byte, 0, stack.BundleOverhead+len(s.Stack().Cluster())+m.EncodedSize(m.Src)),
 			s.Stack().Cluster(), m.Src, false, m)
 		s.net.sendPhysical(m.Src, e.To, pkt, m)
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return s.TransportBase.DownEvent(ctx, ev)
 }

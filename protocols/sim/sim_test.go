@@ -192,7 +192,7 @@ func TestNetworkAddressesAreFreePortsAndReceiveSendToPhysical(t *testing.T) {
 		_, _, _, err = member("C")
 		require.ErrorContains(t, err, "no free port")
 
-		phys, err := b.DownEvent(t.Context(), stack.EvGetPhysicalAddress{})
+		phys, err := stack.Ask(t.Context(), chB.Stack(), stack.EvGetLocalPhysicalAddress{})
 		require.NoError(t, err)
 		require.Equal(t, port(7801), phys)
 		for _, to := range []netip.AddrPort{port(7801), port(7802)} {
@@ -218,8 +218,8 @@ func TestWithoutBindPortThereIsNoNetworkAddress(t *testing.T) {
 		c := stacktest.StartSIM(t, 1, 1, nil)
 		s, _ := stack.Find[*sim.SIM](c.Channels[0].Stack())
 		require.False(t, s.PhysicalAddress().IsValid())
-		phys, _ := s.DownEvent(t.Context(), stack.EvGetPhysicalAddress{})
-		require.Nil(t, phys)
+		phys, _ := stack.Ask(t.Context(), c.Channels[0].Stack(), stack.EvGetLocalPhysicalAddress{})
+		require.False(t, phys.IsValid())
 		_, err := s.DownEvent(t.Context(), stack.EvSendToPhysical{To: netip.MustParseAddrPort("127.0.0.1:7800"), Msg: stack.NewMessage(stack.Address{}, nil)})
 		require.ErrorIs(t, err, stack.ErrNotSupported)
 	})

@@ -134,9 +134,8 @@ func (s *STABLE) Gossip() {
 	if v == nil || v.Size() < 1 {
 		return
 	}
-	dv, err := s.PassDownEvent(s.Context(), stack.EvGetDigest{})
-	d, ok := dv.(stack.Digest)
-	if err != nil || !ok {
+	d, err := stack.Ask(s.Context(), s, stack.EvGetDigest{})
+	if err != nil {
 		return
 	}
 	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.NoReliability)
@@ -219,7 +218,7 @@ func (s *STABLE) handleGossip(src stack.Address, h *Header) {
 }
 
 // DownEvent tracks the view.
-func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			s.mu.Lock()

@@ -486,9 +486,9 @@ func (s *StateTransfer) handle(m *stack.Message, h *Header) {
 }
 
 // DownEvent serves Channel.GetState.
-func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (s *StateTransfer) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if e, ok := ev.(stack.EvGetState); ok {
-		return nil, s.GetState(ctx, e.From)
+		return stack.Answer{}, s.GetState(ctx, e.From)
 	}
 	return s.PassDownEvent(ctx, ev)
 }

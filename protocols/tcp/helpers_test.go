@@ -85,7 +85,7 @@ func introduce(t testing.TB, ms []*member) {
 
 func teach(t testing.TB, m *member, a stack.Address, ap netip.AddrPort) {
 	t.Helper()
-	_, err := m.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: a, Physical: ap})
+	err := m.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: a, Physical: ap})
 	require.NoError(t, err)
 }
 

@@ -649,15 +649,15 @@ func (t *TCP) Down(ctx context.Context, m *stack.Message) error {
 }
 
 // DownEvent handles the physical-address events and views.
-func (t *TCP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (t *TCP) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if res, ok := t.cache.Event(t.LocalAddress(), t.local, ev); ok {
 		return res, nil
 	}
 	if e, ok := ev.(stack.EvSendToPhysical); ok {
 		if e.Msg == nil || !e.To.IsValid() {
-			return nil, fmt.Errorf("tcp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
+			return stack.Answer{}, fmt.Errorf("tcp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
-		return nil, t.sendToPhysical(e)
+		return stack.Answer{}, t.sendToPhysical(e)
 	}
 	return t.PassDownEvent(ctx, ev)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -78,9 +77,9 @@ func introduce(t testing.TB, ms []*member) {
 			if a == b {
 				continue
 			}
-			pa, err := b.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
+			pa, err := stack.Ask(context.Background(), b.ch.Stack(), stack.EvGetLocalPhysicalAddress{})
 			require.NoError(t, err)
-			_, err = a.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.ch.Address(), Physical: pa.(netip.AddrPort)})
+			err = a.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.ch.Address(), Physical: pa})
 			require.NoError(t, err)
 		}
 	}

@@ -52,9 +52,8 @@ func poison(t *testing.T, cluster string, victim stack.Address, target netip.Add
 
 func physicalOf(t *testing.T, at *member, of stack.Address) netip.AddrPort {
 	t.Helper()
-	v, err := at.ch.Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: of})
+	pa, err := stack.Ask(context.Background(), at.ch.Stack(), stack.EvGetPhysicalAddress{Member: of})
 	require.NoError(t, err)
-	pa, _ := v.(netip.AddrPort)
 	return pa
 }
 

@@ -349,15 +349,15 @@ func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
 }
 
 // DownEvent handles the physical-address events and views.
-func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (u *UDP) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if res, ok := u.cache.Event(u.LocalAddress(), u.local, ev); ok {
 		return res, nil
 	}
 	if e, ok := ev.(stack.EvSendToPhysical); ok {
 		if e.Msg == nil || !e.To.IsValid() {
-			return nil, fmt.Errorf("udp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
+			return stack.Answer{}, fmt.Errorf("udp: SEND_TO_PHYSICAL needs a message and a valid address, have %v", e.To)
 		}
-		return nil, u.sendToPhysical(e)
+		return stack.Answer{}, u.sendToPhysical(e)
 	}
 	return u.PassDownEvent(ctx, ev)
 }

@@ -195,10 +195,10 @@ type whoHasProbe struct {
 }
 
 func (w *whoHasProbe) Name() string { return "WHOHAS_PROBE" }
-func (w *whoHasProbe) UpEvent(ev stack.Event) (any, error) {
+func (w *whoHasProbe) UpEvent(ev stack.Event) (stack.Answer, error) {
 	if e, ok := ev.(stack.EvWhoHas); ok {
 		w.got <- e.Member
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return w.PassUpEvent(ev)
 }

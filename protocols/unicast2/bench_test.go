@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -93,8 +92,8 @@ func BenchmarkUDPLoopback1KB(b *testing.B) {
 		chs = append(chs, ch)
 	}
 	for i, ch := range chs {
-		pa, _ := chs[1-i].Stack().DownEvent(context.Background(), stack.EvGetPhysicalAddress{Member: stack.Address{}})
-		_, _ = ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: chs[1-i].Address(), Physical: pa.(netip.AddrPort)})
+		pa, _ := stack.Ask(context.Background(), chs[1-i].Stack(), stack.EvGetLocalPhysicalAddress{})
+		_ = ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: chs[1-i].Address(), Physical: pa})
 	}
 	dest := chs[1].Address()
 	ctx := context.Background()

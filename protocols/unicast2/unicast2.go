@@ -548,7 +548,7 @@ func (u *UNICAST2) CloseSendConnection(dest stack.Address) {
 }
 
 // DownEvent closes the connections of members that left the view.
-func (u *UNICAST2) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (u *UNICAST2) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			u.viewChange(v)

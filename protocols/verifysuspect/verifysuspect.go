@@ -232,17 +232,17 @@ func (v *VerifySuspect) UpBatch(bt *stack.Batch) {
 }
 
 // UpEvent starts verifying suspects; an unsuspect from below clears them.
-func (v *VerifySuspect) UpEvent(ev stack.Event) (any, error) {
+func (v *VerifySuspect) UpEvent(ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvSuspect:
 		as := e.Members
 		v.suspect(as)
-		return nil, nil
+		return stack.Answer{}, nil
 	case stack.EvUnsuspect:
 		if a := e.Member; !a.IsZero() {
 			v.alive(a)
 		}
-		return nil, nil
+		return stack.Answer{}, nil
 	}
 	return v.PassUpEvent(ev)
 }
@@ -271,7 +271,7 @@ func (v *VerifySuspect) suspect(as []stack.Address) {
 }
 
 // DownEvent forgets suspects that left the view.
-func (v *VerifySuspect) DownEvent(ctx context.Context, ev stack.Event) (any, error) {
+func (v *VerifySuspect) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if nv := vc.View; nv != nil {
 			v.mu.Lock()

@@ -452,7 +452,7 @@ func NewEventRecorder() *EventRecorder { return &EventRecorder{} }
 func (r *EventRecorder) Name() string { return "EVENTS" }
 
 // UpEvent records ev and passes it up.
-func (r *EventRecorder) UpEvent(ev stack.Event) (any, error) {
+func (r *EventRecorder) UpEvent(ev stack.Event) (stack.Answer, error) {
 	r.mu.Lock()
 	r.evs = append(r.evs, ev)
 	r.mu.Unlock()
