@@ -1,0 +1,48 @@
+package stack_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/stack"
+)
+
+// wrongAnswer answers EvGetDigest with another query's Reply, the one way
+// to get an answer's type wrong.
+type wrongAnswer struct{ stack.Base }
+
+func (l *wrongAnswer) Name() string { return "WRONG" }
+func (l *wrongAnswer) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
+	if _, ok := ev.(stack.EvGetDigest); ok {
+		return stack.Reply(stack.EvKnownMembers{}, []stack.Address{stack.NewAddress()}), nil
+	}
+	return l.PassDownEvent(ctx, ev)
+}
+
+func TestAskReturnsTheAnswerOfTheLayerThatAnswers(t *testing.T) {
+	want := stack.Digest{{Member: stack.NewAddress(), HighestDelivered: 7}}
+	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &digestLayer{d: want}, &passThrough{}))
+	require.NoError(t, err)
+	defer ch.Close()
+	d, err := stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	require.NoError(t, err)
+	require.Equal(t, want, d)
+}
+
+func TestAskThatNoLayerAnswersIsNotSupported(t *testing.T) {
+	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &passThrough{}))
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	require.ErrorIs(t, err, stack.ErrNotSupported)
+}
+
+func TestAnswerOfTheWrongTypeIsAnErrorNotAZeroValue(t *testing.T) {
+	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &wrongAnswer{}))
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	require.ErrorContains(t, err, "answered with a []stack.Address, not a stack.Digest")
+}
