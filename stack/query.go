@@ -21,12 +21,20 @@ type Query[R any] interface {
 // or a query's answer made by Reply. A layer passes on the Answer it got
 // from the layer below or above; only Ask and AskUp read it.
 type Answer struct {
-	v  any
-	ok bool
+	v any // nil: no answer; nilAnswer: a nil interface value
 }
 
+// nilAnswer stands for a nil answer of an interface type, so that the
+// Answer stays as small as an any.
+type nilAnswer struct{}
+
 // Reply answers q with r; the compiler checks that r is of q's answer type.
-func Reply[R any](q Query[R], r R) Answer { return Answer{v: r, ok: true} }
+func Reply[R any](q Query[R], r R) Answer {
+	if v := any(r); v != nil {
+		return Answer{v: v}
+	}
+	return Answer{v: nilAnswer{}}
+}
 
 // Asker is what Ask sends a query down from: a protocol (any type embedding
 // Base) asks the layers below it; a *Stack asks its layers from the top.
@@ -64,11 +72,14 @@ func answerOf[R any](q Event, a Answer, err error) (R, error) {
 	if err != nil {
 		return r, err
 	}
-	if !a.ok {
+	switch a.v.(type) {
+	case nil:
 		return r, fmt.Errorf("strata: no layer answers %T: %w", q, ErrNotSupported)
+	case nilAnswer:
+		return r, nil
 	}
 	r, ok := a.v.(R)
-	if !ok && a.v != nil {
+	if !ok {
 		return r, fmt.Errorf("strata: %T answered with a %T, not a %T", q, a.v, r)
 	}
 	return r, nil

@@ -46,3 +46,26 @@ func TestAnswerOfTheWrongTypeIsAnErrorNotAZeroValue(t *testing.T) {
 	_, err = stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
 	require.ErrorContains(t, err, "answered with a []stack.Address, not a stack.Digest")
 }
+
+// evCheck is a protocol's own query, whose answer is an interface.
+type evCheck struct{ stack.Answers[error] }
+
+// checker answers evCheck with a nil error.
+type checker struct{ stack.Base }
+
+func (l *checker) Name() string { return "CHECKER" }
+func (l *checker) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
+	if e, ok := ev.(evCheck); ok {
+		return stack.Reply(e, error(nil)), nil
+	}
+	return l.PassDownEvent(ctx, ev)
+}
+
+func TestANilAnswerOfAnInterfaceTypeIsAnAnswer(t *testing.T) {
+	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &checker{}, &passThrough{}))
+	require.NoError(t, err)
+	defer ch.Close()
+	v, err := stack.Ask(t.Context(), ch.Stack(), evCheck{})
+	require.NoError(t, err, "answered, with nil")
+	require.NoError(t, v)
+}
