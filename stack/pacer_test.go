@@ -39,3 +39,22 @@ func TestPacer(t *testing.T) {
 		t.Fatal("with first = 0 the first request goes at once")
 	}
 }
+
+// TestPacerWaitIsBounded: while the mark stays put, the wait stops growing
+// at 4 intervals, so a hole on a lossy link is asked for again
+// within a few intervals however many requests were lost before.
+func TestPacerWaitIsBounded(t *testing.T) {
+	const first, interval = 10 * time.Millisecond, 100 * time.Millisecond
+	t0 := time.Unix(0, 0)
+	var p Pacer
+	var last, longest time.Duration
+	for now := time.Duration(0); now <= time.Minute; now += time.Millisecond {
+		if p.Due(t0.Add(now), 7, first, interval) {
+			longest = max(longest, now-last)
+			last = now
+		}
+	}
+	if longest != 4*interval {
+		t.Fatalf("longest wait between requests %v, want 4 intervals (%v)", longest, 4*interval)
+	}
+}

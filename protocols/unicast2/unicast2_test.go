@@ -538,6 +538,39 @@ func TestGapIsRepairedWithinATenthOfXmitInterval(t *testing.T) {
 	})
 }
 
+// TestHoleIsAskedForAgainWithinFourIntervalsAfterManyLostCopies: B loses
+// A's message 3 and its first 8 retransmissions (a lossy link). The 9th
+// request is no further than 4 xmit_intervals behind the 8th: the wait
+// between requests stops growing there. With a wait that doubled to 16
+// intervals, a hole under 20% loss once stayed open for over 30 s and held
+// a GROUPFC leave behind it (chaos E, seed 295). Virtual time.
+func TestHoleIsAskedForAgainWithinFourIntervalsAfterManyLostCopies(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		p := newPair(t, 1, cfg, false, nil)
+		p.sendRange(t, 0, 0)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 1 }, "the first message")
+		var dropped atomic.Int32
+		var lastDrop atomic.Int64
+		p.d[1].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			if h == nil || h.Type != 0 || h.Seqno != 3 || dropped.Load() == 9 {
+				return false
+			}
+			dropped.Add(1)
+			lastDrop.Store(time.Now().UnixNano())
+			return true
+		})
+		p.sendRange(t, 1, 9)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 10 }, "B has every message")
+		require.EqualValues(t, 9, dropped.Load(), "the message and 8 retransmissions were lost")
+		gap := time.Since(time.Unix(0, lastDrop.Load()))
+		require.LessOrEqual(t, gap, 4*cfg.XmitInterval+cfg.XmitInterval/2,
+			"the copy after 8 lost ones arrives within 4 xmit_intervals (virtual time)")
+		require.Empty(t, p.c.Recv[1].CheckExactlyOnce([]stack.Address{p.aa}, 10, true))
+	})
+}
+
 // TestOOBAboveAGapIsNotDeliveredAgainAfterTheReceiverCloses: B delivered
 // an OOB message above a gap (the regular message before it was lost), then
 // closed its receive connection on its own (a view without A). When A
