@@ -1,38 +1,55 @@
 #!/usr/bin/env bash
-# sidebyside.sh: `stackdemo perf` next to JGroups 5.5.6, interleaved, on
-# 127.0.0.1 only; prints per shape the median msgs/s of each and the ratio.
+# sidebyside.sh: `stackdemo perf` next to JGroups 5.5.6 and 2.12, interleaved,
+# at steady state, on 127.0.0.1 only; prints per shape the median msgs/s of
+# each, the ratios, and strata's retransmissions per run.
 #
-#   bench/sidebyside.sh            # RUNS=5 rounds of every shape
-#   RUNS=3 SHAPES="mc2x1 uc2" bench/sidebyside.sh
+#   bench/sidebyside.sh                     # RUNS=5 rounds of every shape
+#   RUNS=3 SHAPES="mc2x1 uc2" JGROUPS=5 bench/sidebyside.sh
+#
+# Steady state: every run is a warm-up round of the same length as the
+# measured one (uncounted, -warmup on both sides: JGroups' JIT and strata's
+# pools are warm), then the measured round, sized to last at least 5 s on
+# this machine (SCALE=0.1 shortens both, for a check of the script only; the
+# output then says so). A measured round under 5 s is flagged with "short".
 #
 # Shapes (1000-byte messages, no application window on either side: strata
 # is paced by UFC/MFC, JGroups by its own UFC/MFC):
 #   mc2x1       2 members in one process, 1 sender, multicast: mean per member
 #   mc2x1-join  the same with one process (JVM) per member: the receiver
+#               (JGroups 5 only)
 #   mc4x4       4 members in one process, all sending, multicast: total
 #   uc2         2 members in one process, unicast to each other: mean per member
 #
-# STACK=tcp runs configs/tcp.toml against JGroups 5's stock tcp.xml instead
-# of configs/udp.toml against udp.xml (JGroups 5 only).
+# JGROUPS="5 2.12" (the default) runs JGroups 5.5.6 from
+# ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to override; used from
+# there, never copied here) and Debian's JGroups 2.12 (libjgroups-java)
+# through bench/jgroups212. STACK=tcp runs configs/tcp.toml against JGroups
+# 5's stock tcp.xml instead of configs/udp.toml against udp.xml (JGroups 5
+# only).
 #
-# JGroups comes from ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to
-# override); it is used from there, never copied here. JGROUPS=2.12 runs
-# Debian's JGroups 2.12 (libjgroups-java) through bench/jgroups212 instead
-# (shapes mc2x1, mc4x4, uc2). Needs go, java,
-# javac and python3. The machine is noisy: compare the ratios of one run.
+# Only a quiet machine gives figures worth keeping: JGroups slows down under
+# load more than strata does, so loaded figures flatter strata. The script
+# refuses to start when the 1-minute load average is above 0.5 (LOAD_OK=1
+# runs anyway, and the output says so), and records the load at start and
+# end and the git revision. Needs go, java, javac and python3.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-jg=${JGROUPS5_RUN:-$root/../shared/bench/jgroups5/run.sh}
-label=jgroups5
-if [ "${JGROUPS:-5}" = 2.12 ]; then
-  # JGroups 2.12 from Debian (apt-get install libjgroups-java) with our own
-  # driver, bench/jgroups212 (one JVM; no -join shape).
-  jg=$root/bench/jgroups212/run.sh
-  label=jgroups2.12
-fi
-scfg=() jcfg=()
+jg5=${JGROUPS5_RUN:-$root/../shared/bench/jgroups5/run.sh}
+jg212=$root/bench/jgroups212/run.sh
+impls=${JGROUPS:-5 2.12}
+scfg=() jcfg=() stack=udp
 if [ "${STACK:-udp}" = tcp ]; then
-  scfg=(-config "$root/configs/tcp.toml") jcfg=(-config tcp.xml) label=$label-tcp
+  scfg=(-config "$root/configs/tcp.toml") jcfg=(-config tcp.xml) stack=tcp impls=5
+fi
+scale=${SCALE:-1}
+load() { cut -d' ' -f1 /proc/loadavg; }
+load0=$(load)
+if python3 -c "import sys; sys.exit(0 if $load0 > 0.5 else 1)"; then
+  if [ "${LOAD_OK:-}" != 1 ]; then
+    echo "sidebyside.sh: load average $load0 is above 0.5: figures would flatter strata; wait for a quiet machine (LOAD_OK=1 to run anyway)" >&2
+    exit 2
+  fi
+  echo "# WARNING: started at load $load0 (above 0.5, LOAD_OK=1): these figures are not quiet-machine figures"
 fi
 runs=${RUNS:-5}
 shapes=${SHAPES:-mc2x1 mc2x1-join mc4x4 uc2}
@@ -41,45 +58,72 @@ trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/stackdemo
 (cd "$root" && go build -o "$bin" ./cmd/stackdemo)
 
-flags() {
+# count SHAPE: messages per sender of the measured round, sized for at
+# least 5 s at today's rates on this machine (scaled by SCALE).
+count() {
+  local n
   case $1 in
-    mc2x1 | mc2x1-join) echo "-members 2 -senders 1 -count 200000 -size 1000" ;;
-    mc4x4) echo "-members 4 -count 50000 -size 1000" ;;
-    uc2) echo "-members 2 -mode unicast -count 200000 -size 1000" ;;
+    mc2x1 | mc2x1-join) n=5000000 ;;
+    mc4x4) n=1000000 ;;
+    uc2) n=3000000 ;;
+  esac
+  python3 -c "print(max(1000, int($n * $scale)))"
+}
+
+flags() {
+  local c
+  c=$(count "$1")
+  case $1 in
+    mc2x1 | mc2x1-join) echo "-members 2 -senders 1 -count $c -warmup $c -size 1000" ;;
+    mc4x4) echo "-members 4 -count $c -warmup $c -size 1000" ;;
+    uc2) echo "-members 2 -mode unicast -count $c -warmup $c -size 1000" ;;
   esac
 }
 
-# strata_metric SHAPE FILE...: the shape's figure from perf's JSON output.
+# strata_metric SHAPE FILE...: "figure seconds retransmissions" from perf's
+# JSON output (retransmissions: NAKACK's and UNICAST2's, every member).
 strata_metric() {
   local shape=$1; shift
   python3 - "$shape" "$@" <<'PY'
 import json, sys
 shape, files = sys.argv[1], sys.argv[2:]
-rs = [json.load(open(f)) for f in files]
-if shape == "mc4x4":
-    print(int(rs[0]["total_msgs_per_sec"]))
+rs = []
+for f in files:
+    try:
+        rs.append(json.load(open(f)))
+    except (OSError, ValueError):
+        print("0 0 0"); sys.exit()
+if any(r.get("errors") for r in rs):
+    fig = 0
+elif shape == "mc4x4":
+    fig = int(rs[0]["total_msgs_per_sec"])
 elif shape == "mc2x1-join":
-    print(int(max(m["msgs_per_sec"] for r in rs for m in r["per_member"])))
+    fig = int(max(m["msgs_per_sec"] for r in rs for m in r["per_member"]))
 else:
     ms = rs[0]["per_member"]
-    print(int(sum(m["msgs_per_sec"] for m in ms) / len(ms)))
+    fig = int(sum(m["msgs_per_sec"] for m in ms) / len(ms))
+secs = min(r["seconds"] for r in rs)
+xmits = sum(v for r in rs for k, v in r.get("stats", {}).items() if k.endswith(".retransmissions"))
+print(fig, "%.1f" % secs, xmits)
 PY
 }
 
-# jgroups_metric SHAPE FILE: the same figure from the driver's RESULT lines.
+# jgroups_metric SHAPE FILE: "figure seconds" from the driver's RESULT lines.
 jgroups_metric() {
   python3 - "$1" "$2" <<'PY'
 import sys
 shape, f = sys.argv[1], sys.argv[2]
 res = [dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv) for l in open(f) if l.startswith("RESULT")]
 if not res or any(r.get("ok") != "true" for r in res):
-    print(0)
-elif shape == "mc4x4":
-    print(int(float(res[0]["total_msgs_per_sec"])))
+    print(0, 0); sys.exit()
+secs = min(float(r.get("seconds", 0)) for r in res)
+if shape == "mc4x4":
+    fig = int(float(res[0]["total_msgs_per_sec"]))
 elif shape == "mc2x1-join":
-    print(max(int(float(r["member_msgs_per_sec"])) for r in res))
+    fig = max(int(float(r["member_msgs_per_sec"])) for r in res)
 else:
-    print(int(float(res[0]["mean_member_msgs_per_sec"])))
+    fig = int(float(res[0]["mean_member_msgs_per_sec"]))
+print(fig, "%.1f" % secs)
 PY
 }
 
@@ -93,46 +137,76 @@ run_strata() {
     export STRATA_MCAST_PORT=$port STRATA_MCAST_ADDR=$addr STRATA_BIND_PORT=$((20000 + RANDOM % 20000))
     export STRATA_INITIAL_HOSTS=127.0.0.1:$STRATA_BIND_PORT
     # shellcheck disable=SC2086
-    "$bin" perf -join $f "${scfg[@]}" -json > "$out.0" &
+    "$bin" perf -join $f "${scfg[@]}" -json > "$out.0" 2> "$out.err0" &
     local p0=$!
     sleep 0.5
     # shellcheck disable=SC2086
-    "$bin" perf -join $f "${scfg[@]}" -json > "$out.1"
-    wait $p0
+    "$bin" perf -join $f "${scfg[@]}" -json > "$out.1" 2> "$out.err1" || true
+    wait $p0 || true
     unset STRATA_MCAST_PORT STRATA_MCAST_ADDR STRATA_BIND_PORT STRATA_INITIAL_HOSTS
     strata_metric "$shape" "$out.0" "$out.1"
   else
     # shellcheck disable=SC2086
-    "$bin" perf $f "${scfg[@]}" -json > "$out"
+    "$bin" perf $f "${scfg[@]}" -json > "$out" 2> "$out.err" || true
     strata_metric "$shape" "$out"
   fi
 }
 
+# run_jgroups IMPL SHAPE OUT: IMPL is 5 or 2.12.
 run_jgroups() {
-  local shape=$1 out=$2 f
+  local impl=$1 shape=$2 out=$3 f
   f=$(flags "$shape")
-  if [ "$shape" = mc2x1-join ]; then
+  if [ "$impl" = 2.12 ]; then
+    if [ "$shape" = mc2x1-join ]; then echo "- -"; return; fi
     # shellcheck disable=SC2086
-    "$jg" -join $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
+    "$jg212" $f -window 0 > "$out" 2>&1 || true
+  elif [ "$shape" = mc2x1-join ]; then
+    # shellcheck disable=SC2086
+    "$jg5" -join $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
   else
     # shellcheck disable=SC2086
-    "$jg" $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
+    "$jg5" $f "${jcfg[@]}" -window 0 > "$out" 2>&1 || true
   fi
   jgroups_metric "$shape" "$out"
 }
 
-median() { sort -n | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print int((a[NR/2] + a[NR/2+1]) / 2)}'; }
+median() { { grep -v '^-$' || true; } | sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else print int((a[NR/2] + a[NR/2+1]) / 2)}'; }
+ratio() { python3 -c "import sys; s, j = sys.argv[1], sys.argv[2]; print('%.2f' % (int(s) / int(j)) if j not in ('-', '0') else 'n/a')" "$1" "$2"; }
 
-echo "# $(date -u +%Y-%m-%d) on $(nproc) cores, $(uname -sr); $runs interleaved runs per shape; msgs/s received"
-printf '%-11s %12s %12s %7s   %s\n' shape strata "$label" ratio "strata runs | jgroups runs"
+rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then rev="$rev+dirty"; fi
+echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0"
+echo "# $runs interleaved runs per shape; each run: a warm-up round, then the measured round (counts x$scale); msgs/s received"
+[ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"
+printf '%-11s %10s' shape strata
+for impl in $impls; do printf ' %10s %6s' "jg$impl" ratio; done
+printf '   %s\n' "strata runs (s, retransmissions) | jgroups runs (s) ..."
 for shape in $shapes; do
-  s=() j=()
+  s=() sd=()
+  declare -A j=() jd=()
   for i in $(seq 1 "$runs"); do
-    s+=("$(run_strata "$shape" "$tmp/s-$shape-$i")")
-    j+=("$(run_jgroups "$shape" "$tmp/j-$shape-$i")")
+    read -r fig secs xm < <(run_strata "$shape" "$tmp/s-$shape-$i")
+    s+=("$fig")
+    short=; python3 -c "import sys; sys.exit(0 if float('$secs') < 5 else 1)" && short=" short"
+    sd+=("$fig (${secs}s, $xm$short)")
+    for impl in $impls; do
+      read -r fig secs < <(run_jgroups "$impl" "$shape" "$tmp/j$impl-$shape-$i")
+      j[$impl]+="$fig "
+      if [ "$fig" = - ]; then jd[$impl]+="-, "; continue; fi
+      short=; python3 -c "import sys; sys.exit(0 if float('$secs') < 5 else 1)" && short=" short"
+      jd[$impl]+="$fig (${secs}s$short), "
+    done
   done
   sm=$(printf '%s\n' "${s[@]}" | median)
-  jm=$(printf '%s\n' "${j[@]}" | median)
-  ratio=$(python3 -c "print('%.2f' % ($sm / $jm) if $jm else 'n/a')")
-  printf '%-11s %12s %12s %7s   %s | %s\n' "$shape" "$sm" "$jm" "$ratio" "${s[*]}" "${j[*]}"
+  printf '%-11s %10s' "$shape" "$sm"
+  detail="${sd[*]}"
+  for impl in $impls; do
+    # shellcheck disable=SC2086
+    jm=$(printf '%s\n' ${j[$impl]} | median)
+    printf ' %10s %6s' "$jm" "$(ratio "$sm" "$jm")"
+    detail="$detail | ${jd[$impl]%, }"
+  done
+  printf '   %s\n' "$detail"
+  unset j jd
 done
+echo "# load at end $(load)"

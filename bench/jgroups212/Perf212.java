@@ -9,14 +9,15 @@ import java.util.concurrent.*;
  * JGroups): -members N in this JVM, the first -senders K of them (all by default) each send -count C messages
  * of -size S bytes to the group (-mode multicast) or to the next member (-mode unicast), with no application
  * window: JGroups' own flow control (UFC/MFC in its udp.xml) paces them. Every member checks per sender that
- * the seqnos come in order and that none is missing. An uncounted warm-up round runs first (the JIT).
+ * the seqnos come in order and that none is missing. An uncounted warm-up round of -warmup W messages per
+ * sender (default: -count) runs first, for the JIT.
  * Prints "RESULT total_msgs_per_sec=... mean_member_msgs_per_sec=... seconds=... ok=true|false".
  */
 public class Perf212 {
     static final int HDR = 1 + 4 + 8;
 
     String mode = "multicast", config = "udp.xml";
-    int members = 2, senders = 0, count = 200000, size = 1000;
+    int members = 2, senders = 0, count = 200000, size = 1000, warmup = -1;
 
     public static void main(String[] args) throws Exception {
         Perf212 p = new Perf212();
@@ -26,6 +27,7 @@ public class Perf212 {
                 case "-senders": p.senders = Integer.parseInt(args[++i]); break;
                 case "-count": p.count = Integer.parseInt(args[++i]); break;
                 case "-size": p.size = Integer.parseInt(args[++i]); break;
+                case "-warmup": p.warmup = Integer.parseInt(args[++i]); break;
                 case "-mode": p.mode = args[++i]; break;
                 case "-config": p.config = args[++i]; break;
                 case "-window": i++; break; // accepted for the shared flags; always 0 here
@@ -33,6 +35,7 @@ public class Perf212 {
             }
         }
         if (p.senders <= 0 || p.senders > p.members) p.senders = p.members;
+        if (p.warmup < 0) p.warmup = p.count;
         boolean ok = p.run();
         System.exit(ok ? 0 : 1);
     }
@@ -75,11 +78,12 @@ public class Perf212 {
         boolean unicast = mode.equals("unicast");
         boolean ok = true;
         double total = 0, perMember = 0, seconds = 0;
-        for (byte phase = 0; phase < 2; phase++) {
+        for (byte phase = (byte) (warmup > 0 ? 0 : 1); phase < 2; phase++) {
+            final long cnt = phase == 1 ? count : warmup;
             Member[] ms = new Member[members];
             for (int i = 0; i < members; i++) {
                 int from = (i - 1 + members) % members; // unicast: sender s sends to s+1
-                long expect = unicast ? (from < senders ? count : 0) : (long) senders * count;
+                long expect = unicast ? (from < senders ? cnt : 0) : (long) senders * cnt;
                 ms[i] = new Member(expect);
                 ms[i].phase = phase;
                 chs[i].setReceiver(ms[i]);
@@ -92,7 +96,7 @@ public class Perf212 {
                 final Address dest = unicast ? chs[(idx + 1) % members].getAddress() : null;
                 ex.submit(new Callable<Void>() {
                     public Void call() throws Exception {
-                        for (long seq = 0; seq < count; seq++) {
+                        for (long seq = 0; seq < cnt; seq++) {
                             byte[] buf = new byte[size];
                             ByteBuffer.wrap(buf).put(ph).putInt(idx).putLong(seq);
                             chs[idx].send(new Message(dest, null, buf));

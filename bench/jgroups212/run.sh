@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh FLAGS: JGroups 2.12 (Debian's libjgroups-java, /usr/share/java/jgroups.jar) with Perf212, all members
 # in one JVM, on 127.0.0.1 only (bind address, TTL 0, a fresh 239.x group and free port; its udp.xml keeps the
-# diagnostics handler off). Flags: -members -senders -count -size -mode multicast|unicast.
+# diagnostics handler off). Flags: -members -senders -count -warmup -size -mode multicast|unicast.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 jar=${JGROUPS212_JAR:-/usr/share/java/jgroups.jar}
