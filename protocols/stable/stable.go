@@ -1,7 +1,18 @@
-// Package stable is STABLE: members gossip the highest seqno each has
-// delivered from every sender; once every member of the view has delivered a
-// seqno, the reliable-multicast layer below purges it. It bounds the memory
-// NAKACK holds for retransmission to what is not yet stable.
+// Package stable is STABLE: the coordinator collects from every member the
+// highest seqno it has delivered from each sender and announces the minimum;
+// once every member of the view has delivered a seqno, the reliable-multicast
+// layer below purges it. It bounds the memory NAKACK holds for
+// retransmission to what is not yet stable.
+//
+// As in JGroups' STABLE, members send their digests (votes) to the
+// coordinator only, which multicasts the result (STABILITY): a round costs
+// N-1 unicasts and one multicast, and each member handles one message, not
+// N digests of N entries. A vote carries only the entries that changed
+// since this member's last vote, and every wholeEvery votes the whole
+// digest, so a lost vote costs a later purge, never a wrong one.
+// Announcements likewise carry what changed, and every wholeEvery rounds
+// everything. Votes and announcements go in parts of at most maxEntries entries,
+// so neither has to fit one datagram however large the view.
 package stable
 
 import (
@@ -16,8 +27,8 @@ import (
 
 // Config configures STABLE.
 type Config struct {
-	Interval time.Duration `toml:"desired_avg_gossip" doc:"average time between two gossips of this member's digest (randomised by ±50%)"`
-	MaxBytes stack.Size    `toml:"max_bytes" doc:"bytes of multicasts received after which a gossip is sent at once"`
+	Interval time.Duration `toml:"desired_avg_gossip" doc:"average time between two votes of this member (its digest, to the coordinator; randomised by ±50%)"`
+	MaxBytes stack.Size    `toml:"max_bytes" doc:"bytes of multicasts received after which a vote is sent at once"`
 }
 
 // DefaultConfig returns STABLE's defaults.
@@ -38,7 +49,7 @@ func init() {
 	stack.Register(stack.ProtocolSpec[Config]{
 		Name: "STABLE", ID: stack.IDSTABLE,
 		Requires: []stack.Service{stack.ServiceReliableMulticast},
-		Doc:      "gossips delivered seqnos; purges NAKACK's tables of what every member has delivered",
+		Doc:      "the coordinator collects delivered seqnos and announces what every member has delivered; NAKACK purges it",
 		Defaults: DefaultConfig,
 		New:      func(c Config) (stack.Protocol, error) { return New(c), nil },
 	})
@@ -47,35 +58,62 @@ func init() {
 		Samples: func() []stack.Header {
 			a, b := stack.NewAddress(), stack.NewAddress()
 			return []stack.Header{
-				&Header{ViewID: stack.ViewID{Creator: a, Seq: 3}, Digest: stack.Digest{{Member: a, HighestDelivered: 10, HighestReceived: 12}, {Member: b}}},
-				&Header{Digest: stack.Digest{}},
+				&Header{Type: TypeVote, ViewID: stack.ViewID{Creator: a, Seq: 3}, Digest: stack.Digest{{Member: a, HighestDelivered: 10, HighestReceived: 12}, {Member: b}}},
+				&Header{Type: TypeVote, Last: true, Digest: stack.Digest{}},
+				&Header{Type: TypeStability, ViewID: stack.ViewID{Creator: b, Seq: 1}, Digest: stack.Digest{{Member: b, HighestDelivered: 7}}, Last: true},
 			}
 		},
 	})
 }
 
-// Header is a STABLE gossip: the sender's view id and digest.
+// maxEntries bounds the digest entries of one STABLE message (about 36
+// bytes each at most): larger votes and announcements go in parts.
+var maxEntries = 1000
+
+// wholeEvery is how often, in rounds, the coordinator announces every
+// sender's stable seqno rather than only those that changed.
+const wholeEvery = 10
+
+// The types of STABLE messages.
+const (
+	// TypeVote is a member's digest (or part of it), sent to the coordinator.
+	TypeVote byte = 1
+	// TypeStability is the coordinator's announcement (or part of it) of
+	// what every member has delivered, multicast.
+	TypeStability byte = 2
+)
+
+// Header is a STABLE message: a vote or a stability announcement, for the
+// view ViewID. Last marks the last part of a member's vote.
 type Header struct {
+	Type   byte
+	Last   bool
 	ViewID stack.ViewID
 	Digest stack.Digest
 }
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return stack.ViewIDSize(h.ViewID) + stack.DigestSize(h.Digest)
+	return 2 + stack.ViewIDSize(h.ViewID) + stack.DigestSize(h.Digest)
 }
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
+	b = append(b, h.Type)
+	b = wire.AppendBool(b, h.Last)
 	b = stack.AppendViewID(b, h.ViewID)
 	return stack.AppendDigest(b, h.Digest)
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
-	h := &Header{ViewID: stack.ReadViewID(r)}
+	h := &Header{Type: r.Uint8(), Last: r.Bool(), ViewID: stack.ReadViewID(r)}
 	h.Digest = stack.ReadDigest(r)
 	if err := r.Err(); err != nil {
 		return nil, err
+	}
+	if h.Type != TypeVote && h.Type != TypeStability {
+		r.Fail("stable: unknown message type %d", h.Type)
+		return nil, r.Err()
 	}
 	return h, nil
 }
@@ -85,21 +123,34 @@ type STABLE struct {
 	stack.Base
 	cfg Config
 
-	mu      sync.Mutex
-	view    *stack.View
-	gossips map[stack.Address]stack.Digest
-	bytes   int64
+	mu    sync.Mutex
+	view  *stack.View
+	bytes int64
+	// As a member: the highest delivered seqno per sender in this
+	// member's last vote of this view (nil until a whole vote went out),
+	// and votes since the last whole one.
+	voted     map[stack.Address]uint64
+	sinceVote int
+	// As the coordinator: per member, the highest delivered seqno per
+	// sender heard in its votes of this view, and who voted this round.
+	rows  map[stack.Address]map[stack.Address]uint64
+	round map[stack.Address]bool
+	// As the coordinator: what it announced per sender in this view, and
+	// rounds since the last whole announcement.
+	told     map[stack.Address]uint64
+	sinceAll int
 
-	sent     atomic.Int64 `stat:"gossips_sent"`
-	received atomic.Int64 `stat:"gossips_received"`
-	rounds   atomic.Int64 `stat:"stable_rounds"`
-	stale    atomic.Int64 `stat:"gossips_ignored"`
+	sent      atomic.Int64 `stat:"gossips_sent"`
+	received  atomic.Int64 `stat:"gossips_received"`
+	rounds    atomic.Int64 `stat:"stable_rounds"`
+	announced atomic.Int64 `stat:"stability_received"`
+	stale     atomic.Int64 `stat:"gossips_ignored"`
 }
 
 var _ stack.Protocol = (*STABLE)(nil)
 
 // New returns a STABLE layer.
-func New(cfg Config) *STABLE { return &STABLE{cfg: cfg, gossips: map[stack.Address]stack.Digest{}} }
+func New(cfg Config) *STABLE { return &STABLE{cfg: cfg} }
 
 // Name returns "STABLE".
 func (s *STABLE) Name() string { return "STABLE" }
@@ -118,15 +169,22 @@ func (s *STABLE) Start() error {
 				t.Stop()
 				return
 			case <-t.C:
-				s.Gossip()
+				s.vote(false)
 			}
 		}
 	})
 	return nil
 }
 
-// Gossip multicasts this member's digest now.
-func (s *STABLE) Gossip() {
+// Gossip sends this member's whole digest to the coordinator now (the
+// coordinator takes its own).
+func (s *STABLE) Gossip() { s.vote(true) }
+
+// vote sends this member's digest to the coordinator: whole, or only the
+// entries that changed since its last vote of this view. Every wholeEvery
+// votes one is whole anyway: a member whose vote was lost holds up purging
+// for a few rounds, not for as long as a sender stays silent.
+func (s *STABLE) vote(whole bool) {
 	s.mu.Lock()
 	v := s.view
 	s.bytes = 0
@@ -138,27 +196,76 @@ func (s *STABLE) Gossip() {
 	if err != nil {
 		return
 	}
-	m := stack.NewMessage(stack.Address{}, nil).Set(stack.Internal | stack.NoReliability)
-	m.PutHeader(s.ID(), &Header{ViewID: v.ID, Digest: d})
-	s.sent.Add(1)
+	self, coord := s.LocalAddress(), v.Members[0]
+	if coord == self {
+		s.takeVote(v.ID, self, &Header{Type: TypeVote, Last: true, ViewID: v.ID, Digest: d})
+		return
+	}
+	s.mu.Lock()
+	if s.view != v {
+		s.mu.Unlock()
+		return
+	}
+	send := d
+	if s.sinceVote++; s.sinceVote >= wholeEvery {
+		whole = true
+	}
+	if whole || s.voted == nil {
+		s.sinceVote = 0
+	} else {
+		send = nil
+		for _, e := range d {
+			if hd, ok := s.voted[e.Member]; !ok || hd != e.HighestDelivered {
+				send = append(send, e)
+			}
+		}
+	}
+	if s.voted == nil {
+		s.voted = make(map[stack.Address]uint64, len(d))
+	}
+	for _, e := range send {
+		s.voted[e.Member] = e.HighestDelivered
+	}
+	s.mu.Unlock()
+	parts := split(send)
+	for i, part := range parts {
+		s.sent.Add(1)
+		s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
+	}
+}
+
+// split cuts d into parts of at most maxEntries; an empty digest is one
+// empty part.
+func split(d stack.Digest) []stack.Digest {
+	parts := make([]stack.Digest, 0, len(d)/maxEntries+1)
+	for len(d) > maxEntries {
+		parts = append(parts, d[:maxEntries])
+		d = d[maxEntries:]
+	}
+	return append(parts, d)
+}
+
+func (s *STABLE) send(dest stack.Address, h *Header) {
+	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.NoReliability)
+	m.PutHeader(s.ID(), h)
 	_ = s.PassDown(s.Context(), m)
 }
 
-// Up takes gossips; every other message counts towards max_bytes.
+// Up takes STABLE's messages; every other message counts towards max_bytes.
 func (s *STABLE) Up(m *stack.Message) {
 	if h, ok := m.Header(s.ID()).(*Header); ok {
-		s.handleGossip(m.Src, h)
+		s.handle(m.Src, h)
 		return
 	}
 	s.count(m)
 	s.PassUp(m)
 }
 
-// UpBatch takes the batch's gossips and counts the rest.
+// UpBatch takes the batch's STABLE messages and counts the rest.
 func (s *STABLE) UpBatch(b *stack.Batch) {
 	b.Keep(func(m *stack.Message) bool {
 		if h, ok := m.Header(s.ID()).(*Header); ok {
-			s.handleGossip(m.Src, h)
+			s.handle(m.Src, h)
 			return false
 		}
 		s.count(m)
@@ -176,54 +283,118 @@ func (s *STABLE) count(m *stack.Message) {
 	now := s.bytes >= int64(s.cfg.MaxBytes)
 	s.mu.Unlock()
 	if now {
-		s.Gossip()
+		s.vote(false)
 	}
 }
 
-func (s *STABLE) handleGossip(src stack.Address, h *Header) {
-	s.received.Add(1)
+func (s *STABLE) handle(src stack.Address, h *Header) {
+	switch h.Type {
+	case TypeVote:
+		s.received.Add(1)
+		s.takeVote(h.ViewID, src, h)
+	case TypeStability:
+		if src == s.LocalAddress() {
+			return // the coordinator applied it when it sent it
+		}
+		s.mu.Lock()
+		ok := s.view != nil && h.ViewID == s.view.ID && s.view.Members[0] == src
+		s.mu.Unlock()
+		if !ok {
+			s.stale.Add(1)
+			return
+		}
+		s.announced.Add(1)
+		_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: h.Digest})
+	}
+}
+
+// takeVote adds (part of) src's vote; once every member of the view has
+// voted since the last round, the minimum per sender is stable: the
+// coordinator purges it and announces it.
+func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	s.mu.Lock()
-	if s.view == nil || h.ViewID != s.view.ID || !s.view.Contains(src) {
+	v := s.view
+	if v == nil || vid != v.ID || !v.Contains(src) || v.Members[0] != s.LocalAddress() {
 		s.mu.Unlock()
 		s.stale.Add(1)
 		return
 	}
-	s.gossips[src] = h.Digest
-	if len(s.gossips) < s.view.Size() {
+	if s.rows == nil {
+		s.rows, s.round = map[stack.Address]map[stack.Address]uint64{}, map[stack.Address]bool{}
+	}
+	row := s.rows[src]
+	if row == nil {
+		row = make(map[stack.Address]uint64, len(h.Digest))
+		s.rows[src] = row
+	}
+	for _, e := range h.Digest {
+		// Within a view a member's delivered seqnos only grow; a vote
+		// that overtook a later one changes nothing.
+		row[e.Member] = max(row[e.Member], e.HighestDelivered)
+	}
+	if h.Last {
+		s.round[src] = true
+	}
+	if len(s.round) < v.Size() {
 		s.mu.Unlock()
 		return
 	}
-	// Every member has gossiped: the minimum per sender is stable.
-	minD := stack.Digest{}
-	first := s.gossips[s.view.Members[0]]
-	for _, e := range first {
-		low := e.HighestDelivered
+	var minD stack.Digest
+	for sender, low := range s.rows[v.Members[0]] {
 		all := true
-		for _, m := range s.view.Members[1:] {
-			o, ok := s.gossips[m].Get(e.Member)
+		for _, m := range v.Members[1:] {
+			hd, ok := s.rows[m][sender]
 			if !ok {
 				all = false
 				break
 			}
-			low = min(low, o.HighestDelivered)
+			low = min(low, hd)
 		}
 		if all {
-			minD = append(minD, stack.DigestEntry{Member: e.Member, HighestDelivered: low})
+			minD = append(minD, stack.DigestEntry{Member: sender, HighestDelivered: low})
 		}
 	}
-	clear(s.gossips)
+	clear(s.round)
+	// Announce what changed since the last announcement, and everything
+	// every wholeEvery rounds: a member that lost an announcement purges
+	// a sender that fell silent a few rounds later, not never.
+	tell := minD
+	if s.sinceAll++; s.told != nil && s.sinceAll < wholeEvery {
+		tell = nil
+		for _, e := range minD {
+			if hd, ok := s.told[e.Member]; !ok || hd != e.HighestDelivered {
+				tell = append(tell, e)
+			}
+		}
+	} else {
+		s.sinceAll = 0
+	}
+	if s.told == nil {
+		s.told = make(map[stack.Address]uint64, len(minD))
+	}
+	for _, e := range tell {
+		s.told[e.Member] = e.HighestDelivered
+	}
 	s.mu.Unlock()
 	s.rounds.Add(1)
 	_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: minD})
+	if v.Size() > 1 && len(tell) > 0 {
+		parts := split(tell)
+		for i, part := range parts {
+			s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
+		}
+	}
 }
 
-// DownEvent tracks the view.
+// DownEvent tracks the view; a new view starts every vote and row afresh.
 func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			s.mu.Lock()
 			s.view = v
-			clear(s.gossips)
+			s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0
+			clear(s.rows)
+			clear(s.round)
 			s.mu.Unlock()
 		}
 	}

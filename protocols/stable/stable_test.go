@@ -1,6 +1,8 @@
 package stable_test
 
 import (
+	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -61,10 +63,150 @@ func TestGossipFromAnotherViewIsIgnored(t *testing.T) {
 			sts = append(sts, s)
 			return []stack.Protocol{nakack.New(nakack.DefaultConfig()), s}
 		})
-		// B moves to a view of its own; A still has {A, B}.
-		b := c.Channels[1]
-		stacktest.InjectView(t, stack.NewView(b.Address(), 9, b.Address()), b)
-		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, sts[0], "gossips_ignored") >= 2 }, "A ignores B's gossips")
+		// B moves to another view of the same members; A still has the
+		// first one and is the coordinator of both.
+		a, b := c.Channels[0], c.Channels[1]
+		stacktest.InjectView(t, stack.NewView(a.Address(), 9, a.Address(), b.Address()), b)
+		stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, sts[0], "gossips_ignored") >= 2 }, "A ignores B's votes")
 		require.Zero(t, stacktest.Stat(t, sts[0], "stable_rounds"), "A never has a gossip from every member of its view")
+	})
+}
+
+// stableSpy records the STABLE messages a member receives.
+type stableSpy struct {
+	mu   sync.Mutex
+	msgs []*stable.Header
+	dest []stack.Address
+}
+
+func (s *stableSpy) see(m *stack.Message) bool {
+	if h, ok := m.Header(stack.IDSTABLE).(*stable.Header); ok {
+		s.mu.Lock()
+		s.msgs, s.dest = append(s.msgs, h), append(s.dest, m.Dest)
+		s.mu.Unlock()
+	}
+	return false
+}
+
+func (s *stableSpy) all() ([]*stable.Header, []stack.Address) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.msgs), slices.Clone(s.dest)
+}
+
+type stableGroup struct {
+	c    *stacktest.Cluster
+	naks []*nakack.NAKACK
+	sts  []*stable.STABLE
+	spy  []*stableSpy
+}
+
+// startStable starts n members of DISCARD (a spy) | NAKACK | STABLE, with
+// votes on every maxBytes multicast bytes received and by timer every
+// interval on average.
+func startStable(t *testing.T, n int, maxBytes stack.Size, interval time.Duration) *stableGroup {
+	g := &stableGroup{}
+	g.c = stacktest.StartSIM(t, n, 1, func(i int) []stack.Protocol {
+		cfg := stable.DefaultConfig()
+		cfg.Interval = interval
+		cfg.MaxBytes = maxBytes
+		nk, st, d := nakack.New(nakack.DefaultConfig()), stable.New(cfg), discard.New(discard.DefaultConfig())
+		spy := &stableSpy{}
+		d.DropUpIf(spy.see)
+		g.naks, g.sts, g.spy = append(g.naks, nk), append(g.sts, st), append(g.spy, spy)
+		return []stack.Protocol{d, nk, st}
+	})
+	return g
+}
+
+func (g *stableGroup) allPurged(t *testing.T) bool {
+	for _, n := range g.naks {
+		if stacktest.Stat(t, n, "msgs_held") != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestVotesGoToTheCoordinatorOnly: members send their digests to the
+// coordinator, which announces what is stable in one multicast. No member
+// but the coordinator handles anyone's digest (gossip to all costs every
+// member N digests of N entries per round), and a vote that max_bytes
+// triggers carries only the entries that changed since the member's last
+// vote (the first of a view and every 10th excepted): with one sender, one
+// entry.
+func TestVotesGoToTheCoordinatorOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1000, time.Hour) // votes by max_bytes only
+		a := g.c.Channels[0]
+		for round := range 20 {
+			for s := range 10 {
+				require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, round*10+s, 100))))
+			}
+			synctest.Wait()
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
+		require.Positive(t, stacktest.Stat(t, g.sts[0], "stable_rounds"))
+		coord := a.Address()
+		for i := 1; i < n; i++ {
+			require.Zero(t, stacktest.Stat(t, g.sts[i], "gossips_received"), "member %d handles no digest", i)
+			require.Positive(t, stacktest.Stat(t, g.sts[i], "stability_received"), "member %d hears what is stable", i)
+			msgs, _ := g.spy[i].all()
+			for _, h := range msgs {
+				require.Equal(t, stable.TypeStability, h.Type, "member %d gets only announcements", i)
+			}
+		}
+		msgs, dests := g.spy[0].all()
+		whole, one := 0, 0
+		for j, h := range msgs {
+			if h.Type != stable.TypeVote {
+				continue
+			}
+			require.Equal(t, coord, dests[j], "a vote is a unicast to the coordinator")
+			switch len(h.Digest) {
+			case n:
+				whole++
+			case 0, 1:
+				one++
+			default:
+				t.Fatalf("a vote of %d entries: only A's changes", len(h.Digest))
+			}
+		}
+		// 20 votes each: the first of the view and every 10th are whole.
+		require.LessOrEqual(t, whole, 2*(n-1), "a whole digest only in a member's first vote of the view and every 10th")
+		require.Positive(t, one, "later votes carry what changed")
+	})
+}
+
+// TestVotesAndAnnouncementsGoInParts: a digest larger than one message
+// takes goes in parts; the coordinator counts a vote when its last part
+// arrives, and every member still purges everything. (Here a part holds 2
+// entries; in the shipped build 1,000, so no view outgrows a datagram.)
+func TestVotesAndAnnouncementsGoInParts(t *testing.T) {
+	defer stable.SetMaxEntriesForTest(2)()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1000, time.Second)
+		for round := range 5 {
+			for i, ch := range g.c.Channels {
+				for s := range 2 {
+					require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, round*2+s, 100))))
+				}
+			}
+			synctest.Wait()
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
+		parts := 0
+		for i := range n {
+			msgs, _ := g.spy[i].all()
+			for _, h := range msgs {
+				require.LessOrEqual(t, len(h.Digest), 2, "no STABLE message carries more than a part")
+				if !h.Last {
+					parts++
+				}
+			}
+		}
+		require.Positive(t, parts, "some votes and announcements went in more than one part")
 	})
 }
