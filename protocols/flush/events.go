@@ -14,7 +14,8 @@ import (
 func (f *FLUSH) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	switch e := ev.(type) {
 	case stack.EvStartFlush:
-		return stack.Answer{}, f.StartFlush(ctx, e)
+		_, err := f.startFlush(ctx, flushReq{EvStartViewChangeFlush: stack.EvStartViewChangeFlush{Participants: e.Participants}})
+		return stack.Answer{}, err
 	case stack.EvStopFlush:
 		return stack.Answer{}, f.stopFlush(ctx, stopReq{})
 	case stack.EvConnect:

@@ -26,16 +26,10 @@ type stopReq struct {
 	vc bool
 }
 
-// StartFlush runs a round over the participants (nil: the view) and
-// returns when they are all blocked and have delivered the same messages.
-// It retries a refused or timed-out round up to max_attempts times.
-func (f *FLUSH) StartFlush(ctx context.Context, req stack.EvStartFlush) error {
-	_, err := f.startFlush(ctx, flushReq{EvStartViewChangeFlush: stack.EvStartViewChangeFlush{Participants: req.Participants}})
-	return err
-}
-
-// startFlush is StartFlush that also says which participants a view-change
-// round went on without.
+// startFlush runs a round over the participants (nil: the view) and
+// returns when they are all blocked and have delivered the same messages,
+// saying which participants a view-change round went on without. It
+// retries a refused or timed-out round up to max_attempts times.
 func (f *FLUSH) startFlush(ctx context.Context, req flushReq) (stack.FlushResult, error) {
 	var res stack.FlushResult
 	select {
@@ -173,15 +167,11 @@ func (f *FLUSH) await(ctx context.Context, ir *initRound) error {
 	}
 }
 
-// StopFlush ends the round this member started: STOP_FLUSH to the
-// participants and it returns when every one of them still in the view has
-// said it is unblocked (or after end_flush_timeout). Joiners (extra) get
-// their STOP_FLUSH only after that, so a joiner's Connect returns into a
-// group where everyone can send.
-func (f *FLUSH) StopFlush(ctx context.Context, extra []stack.Address) error {
-	return f.stopFlush(ctx, stopReq{EvStopViewChangeFlush: stack.EvStopViewChangeFlush{Participants: extra}})
-}
-
+// stopFlush ends the round of req's kind this member started: STOP_FLUSH
+// to the participants and it returns when every one of them still in the
+// view has said it is unblocked (or after end_flush_timeout). Joiners
+// (req.Participants) get their STOP_FLUSH only after that, so a joiner's
+// Connect returns into a group where everyone can send.
 func (f *FLUSH) stopFlush(ctx context.Context, req stopReq) error {
 	extra := req.Participants
 	f.mu.Lock()
