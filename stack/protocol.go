@@ -248,11 +248,15 @@ func (b *Base) PassDownEvent(ctx context.Context, ev Event) (Answer, error) {
 }
 
 // noteView records the view of a VIEW_CHANGE about to reach p, for View;
-// a DISCONNECT about to reach p forgets it.
+// a DISCONNECT about to reach p forgets it. The membership layer (a
+// ViewInstaller) makes the views and keeps the one it has under its own
+// lock, so Base records none for it: a second copy there, forgotten when
+// the DISCONNECT arrives rather than when the member has left, could only
+// disagree with it.
 func noteView(p Protocol, ev Event) {
 	switch e := ev.(type) {
 	case EvViewChange:
-		if e.View != nil {
+		if _, vi := p.(ViewInstaller); e.View != nil && !vi {
 			p.base().view.Store(e.View)
 		}
 	case EvDisconnect:
@@ -264,7 +268,8 @@ func noteView(p Protocol, ev Event) {
 // membership layer or up from it), or nil before the first and once a
 // DISCONNECT has reached the layer (below the membership layer: once the
 // member has left). Layers that only need to know the view read it here
-// rather than keep a copy.
+// rather than keep a copy. The membership layer, which makes the views,
+// answers View from its own state instead (GMS.View).
 func (b *Base) View() *View { return b.view.Load() }
 
 // PassUpEvent sends ev to the layer above; at the top it reaches the channel.

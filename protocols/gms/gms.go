@@ -214,7 +214,10 @@ func (g *GMS) Start() error {
 	return nil
 }
 
-// View returns the current view (nil before the first).
+// View returns the current view (nil before the first and once the member
+// has left). It is GMS's one view: the field its logic reads under g.mu
+// with the suspects and the leave. It overrides stack.Base.View, and the
+// stack keeps no view in GMS's Base (ViewInstaller layers make their own).
 func (g *GMS) View() *stack.View {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -732,3 +732,23 @@ func TestMergeLeaderAsksABusyCoordinatorAgain(t *testing.T) {
 		require.True(t, a.Ch.View().IsMerge())
 	})
 }
+
+// TestGMSHasOneView: GMS's view is the one it makes; the stack keeps no
+// second copy in its Base, not even while members join and leave.
+func TestGMSHasOneView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(3)
+		for _, m := range ms {
+			require.Equal(t, m.Ch.View().ID, m.GMS.View().ID)
+			require.Nil(t, m.GMS.Base.View(), "no second view in GMS's Base")
+		}
+		require.NoError(t, ms[0].Ch.Disconnect(t.Context()))
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(ms[1:]...) && ms[1].Ch.View().Size() == 2 }, "the coordinator left gracefully")
+		require.Nil(t, ms[0].GMS.View(), "the member that left has no view")
+		for _, m := range ms[1:] {
+			require.Equal(t, m.Ch.View().ID, m.GMS.View().ID)
+			require.Nil(t, m.GMS.Base.View())
+		}
+	})
+}
