@@ -108,7 +108,7 @@ func TestSecureConfigWithstandsAnOutsiderWithoutTheKey(t *testing.T) {
 	phys := make([]netip.AddrPort, members)
 	for i, ch := range chs {
 		addrs[i] = ch.Address()
-		pa, err := stack.Ask(context.Background(), ch.Stack(), stack.EvGetLocalPhysicalAddress{})
+		pa, err := stack.Ask(context.Background(), stack.Of(ch), stack.EvGetLocalPhysicalAddress{})
 		require.NoError(t, err)
 		phys[i] = pa
 	}
@@ -250,7 +250,7 @@ func TestSecureConfigWithstandsAnOutsiderWithoutTheKey(t *testing.T) {
 		require.True(t, ch.View().ID == view.ID, "member %d's view never changed: %s", i, ch.View())
 		for j, a := range addrs {
 			if i != j {
-				pa, err := stack.Ask(context.Background(), ch.Stack(), stack.EvGetPhysicalAddress{Member: a})
+				pa, err := stack.Ask(context.Background(), stack.Of(ch), stack.EvGetPhysicalAddress{Member: a})
 				require.NoError(t, err)
 				require.Equal(t, phys[j], pa, "member %d knows member %d's real address", i, j)
 			}

@@ -110,7 +110,7 @@ func TestSecureConfigKeepsOutWhoHasNoSecretOrKey(t *testing.T) {
 	}
 	var refused int64
 	for _, ch := range chs {
-		refused += stacktest.Stat(t, ch.Stack().Find("ENCRYPT").(stack.StatsReporter), "unknown_key")
+		refused += stacktest.Stat(t, stack.Of(ch).Find("ENCRYPT").(stack.StatsReporter), "unknown_key")
 	}
 	require.Positive(t, refused, "Y's discovery requests, under a key the group does not have, were dropped and counted")
 }
@@ -137,7 +137,7 @@ func TestSecureConfigSoakWithGarbageOnLoopback(t *testing.T) {
 	var phys []netip.AddrPort
 	for i, ch := range chs {
 		addrs[i] = ch.Address()
-		pa, err := stack.Ask(context.Background(), ch.Stack(), stack.EvGetLocalPhysicalAddress{})
+		pa, err := stack.Ask(context.Background(), stack.Of(ch), stack.EvGetLocalPhysicalAddress{})
 		require.NoError(t, err)
 		phys = append(phys, pa)
 	}

@@ -182,7 +182,7 @@ func TestSnapshotHasTheViewAndEveryProtocol(t *testing.T) {
 	require.Equal(t, s.Members[0].Physical, s.Physical)
 
 	var names []string
-	for _, p := range a.Stack().Protocols() {
+	for _, p := range stack.Of(a).Protocols() {
 		names = append(names, p.Name())
 	}
 	var got []string

@@ -70,7 +70,7 @@ func Take(ch *stack.Channel) *Snapshot {
 			s.Members = append(s.Members, Member{Name: m.String(), UUID: m.UUID().String(), Physical: physical(ch, m)})
 		}
 	}
-	for _, p := range ch.Stack().Protocols() {
+	for _, p := range stack.Of(ch).Protocols() {
 		lp := Protocol{Name: p.Name()}
 		for _, set := range stack.Settings(p) {
 			if lp.Config == nil {
@@ -104,9 +104,9 @@ func physical(ch *stack.Channel, m stack.Address) string {
 	var ap netip.AddrPort
 	var err error
 	if m.IsZero() {
-		ap, err = stack.Ask(ctx, ch.Stack(), stack.EvGetLocalPhysicalAddress{})
+		ap, err = stack.Ask(ctx, stack.Of(ch), stack.EvGetLocalPhysicalAddress{})
 	} else {
-		ap, err = stack.Ask(ctx, ch.Stack(), stack.EvGetPhysicalAddress{Member: m})
+		ap, err = stack.Ask(ctx, stack.Of(ch), stack.EvGetPhysicalAddress{Member: m})
 	}
 	if err != nil || !ap.IsValid() {
 		return ""

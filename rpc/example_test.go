@@ -38,7 +38,7 @@ func Example() {
 	// sim.toml has no membership protocol: give the three one view.
 	v := stack.NewView(chs[0].Address(), 2, chs[0].Address(), chs[1].Address(), chs[2].Address())
 	for _, ch := range chs {
-		if err := ch.Stack().InstallView(ctx, v); err != nil {
+		if err := stack.Of(ch).InstallView(ctx, v); err != nil {
 			panic(err)
 		}
 	}

@@ -167,7 +167,7 @@ func New(ch *stack.Channel, h Handler, opts ...Option) (*Dispatcher, error) {
 		o(d)
 	}
 	if d.log == nil {
-		d.log = ch.Stack().Logger()
+		d.log = stack.Of(ch).Logger()
 	}
 	d.log = d.log.With("rpc", ch.Name())
 	if d.oobSem == nil {
@@ -176,8 +176,8 @@ func New(ch *stack.Channel, h Handler, opts ...Option) (*Dispatcher, error) {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.hctx = context.WithValue(d.ctx, nestedKey{}, true)
 	d.w = &watcher{d: d}
-	protos := ch.Stack().Protocols()
-	if err := ch.Stack().InsertAbove(d.w, protos[len(protos)-1].Name()); err != nil {
+	protos := stack.Of(ch).Protocols()
+	if err := stack.Of(ch).InsertAbove(d.w, protos[len(protos)-1].Name()); err != nil {
 		d.cancel()
 		return nil, fmt.Errorf("rpc: %w", err)
 	}
@@ -209,7 +209,7 @@ func (d *Dispatcher) Close() error {
 		r.expire(ErrClosed)
 	}
 	d.ch.SetReceiver(d.app)
-	_, err := d.ch.Stack().Remove(d.w.Name())
+	_, err := stack.Of(d.ch).Remove(d.w.Name())
 	d.wg.Wait()
 	if err != nil {
 		return fmt.Errorf("rpc: close: %w", err)

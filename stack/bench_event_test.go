@@ -35,7 +35,7 @@ func BenchmarkQuery10Layers(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		d, err := stack.Ask(ctx, ch.Stack(), stack.EvGetDigest{})
+		d, err := stack.Ask(ctx, stack.Of(ch), stack.EvGetDigest{})
 		if err != nil {
 			b.Fatal(err)
 		}

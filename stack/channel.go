@@ -114,8 +114,11 @@ func (c *Channel) newAddress() {
 	c.st.SetLocalAddress(a)
 }
 
-// Stack returns the channel's stack (for finding and inserting layers).
-func (c *Channel) Stack() *Stack { return c.st }
+// Of returns ch's stack, for protocol authors, building blocks above the
+// channel (rpc, diag) and tests: finding a layer, inserting one at run
+// time, injecting a view. The stack's lifecycle is the channel's; an
+// application has no need of it, so Channel does not hand it out.
+func Of(ch *Channel) *Stack { return ch.st }
 
 // Address returns the member's current address (new after each reconnect).
 func (c *Channel) Address() Address { return c.st.LocalAddress() }

@@ -156,9 +156,9 @@ func TestLayerInsertedAtRuntimeBelowAnotherSeesTraffic(t *testing.T) {
 		})
 		a, b := c.Channels[0], c.Channels[1]
 		ins := &probe{name: "INSERTED"}
-		require.NoError(t, a.Stack().InsertBelow(ins, "UPPER"))
+		require.NoError(t, stack.Of(a).InsertBelow(ins, "UPPER"))
 		names := []string{}
-		for _, p := range a.Stack().Protocols() {
+		for _, p := range stack.Of(a).Protocols() {
 			names = append(names, p.Name())
 		}
 		require.Equal(t, []string{"SIM", "INSERTED", "UPPER"}, names)
@@ -174,7 +174,7 @@ func TestLayerInsertedAtRuntimeBelowAnotherSeesTraffic(t *testing.T) {
 		// A DISCARD inserted at runtime drops what its predicate selects.
 		d := discard.New(discard.DefaultConfig())
 		d.DropUpIf(func(m *stack.Message) bool { return string(m.Payload) == "drop-me" })
-		require.NoError(t, a.Stack().InsertAbove(d, "SIM"))
+		require.NoError(t, stack.Of(a).InsertAbove(d, "SIM"))
 		require.NoError(t, b.SendTo(t.Context(), a.Address(), []byte("drop-me")))
 		require.NoError(t, b.SendTo(t.Context(), a.Address(), []byte("keep-me")))
 		stacktest.WaitFor(t, time.Second, func() bool { return c.Recv[0].Len() == 2 }, "kept message delivered")
@@ -183,7 +183,7 @@ func TestLayerInsertedAtRuntimeBelowAnotherSeesTraffic(t *testing.T) {
 		require.EqualValues(t, 1, up)
 		require.Equal(t, "keep-me", string(c.Recv[0].Messages()[1].Payload))
 
-		removed, err := a.Stack().Remove("INSERTED")
+		removed, err := stack.Of(a).Remove("INSERTED")
 		require.NoError(t, err)
 		require.Same(t, ins, removed)
 		require.NoError(t, a.SendTo(t.Context(), b.Address(), []byte("after-remove")))

@@ -16,7 +16,7 @@ func TestNewChoosesOneStack(t *testing.T) {
 	ch, err := stack.New(stack.WithName("A"))
 	require.NoError(t, err)
 	var names []string
-	for _, p := range ch.Stack().Protocols() {
+	for _, p := range stack.Of(ch).Protocols() {
 		names = append(names, p.Name())
 	}
 	require.Equal(t, "UDP", names[0], "the default stack is udp.toml")
@@ -31,7 +31,7 @@ func TestNewChoosesOneStack(t *testing.T) {
 
 	ch, err = stack.New(stack.Shipped("sim.toml"), stack.WithVars(map[string]string{"STRATA_SIM_NETWORK": "new-test"}))
 	require.NoError(t, err)
-	require.Equal(t, "SIM", ch.Stack().Protocols()[0].Name())
+	require.Equal(t, "SIM", stack.Of(ch).Protocols()[0].Name())
 	require.NoError(t, ch.Close())
 }
 

@@ -26,7 +26,7 @@ func TestAskReturnsTheAnswerOfTheLayerThatAnswers(t *testing.T) {
 	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &digestLayer{d: want}, &passThrough{}))
 	require.NoError(t, err)
 	defer ch.Close()
-	d, err := stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	d, err := stack.Ask(t.Context(), stack.Of(ch), stack.EvGetDigest{})
 	require.NoError(t, err)
 	require.Equal(t, want, d)
 }
@@ -35,7 +35,7 @@ func TestAskThatNoLayerAnswersIsNotSupported(t *testing.T) {
 	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &passThrough{}))
 	require.NoError(t, err)
 	defer ch.Close()
-	_, err = stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	_, err = stack.Ask(t.Context(), stack.Of(ch), stack.EvGetDigest{})
 	require.ErrorIs(t, err, stack.ErrNotSupported)
 }
 
@@ -43,7 +43,7 @@ func TestAnswerOfTheWrongTypeIsAnErrorNotAZeroValue(t *testing.T) {
 	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &wrongAnswer{}))
 	require.NoError(t, err)
 	defer ch.Close()
-	_, err = stack.Ask(t.Context(), ch.Stack(), stack.EvGetDigest{})
+	_, err = stack.Ask(t.Context(), stack.Of(ch), stack.EvGetDigest{})
 	require.ErrorContains(t, err, "answered with a []stack.Address, not a stack.Digest")
 }
 
@@ -65,7 +65,7 @@ func TestANilAnswerOfAnInterfaceTypeIsAnAnswer(t *testing.T) {
 	ch, err := stack.New(stack.FromProtocols(&loopTransport{}, &checker{}, &passThrough{}))
 	require.NoError(t, err)
 	defer ch.Close()
-	v, err := stack.Ask(t.Context(), ch.Stack(), evCheck{})
+	v, err := stack.Ask(t.Context(), stack.Of(ch), evCheck{})
 	require.NoError(t, err, "answered, with nil")
 	require.NoError(t, v)
 }

@@ -418,7 +418,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			return nil, err
 		}
 	}
-	if ms[0].ch.Stack().Find("GMS") == nil {
+	if stack.Of(ms[0].ch).Find("GMS") == nil {
 		// No membership protocol (configs/sim.toml): install one view of
 		// every member, as the tests do.
 		addrs := make([]stack.Address, len(ms))
@@ -427,7 +427,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		}
 		v := stack.NewView(addrs[0], 2, addrs...)
 		for _, pm := range ms {
-			if err := pm.ch.Stack().InstallView(ctx, v); err != nil {
+			if err := stack.Of(pm.ch).InstallView(ctx, v); err != nil {
 				return nil, err
 			}
 		}

@@ -48,10 +48,10 @@ func TestProbeFindsTheMemberWhoseViewLags(t *testing.T) {
 
 	drop := discard.New(discard.DefaultConfig())
 	drop.DropUpIf(func(m *stack.Message) bool { return m.Header(stack.IDGMS) != nil })
-	require.NoError(t, c.Stack().InsertBelow(drop, "GMS"))
+	require.NoError(t, stack.Of(c).InsertBelow(drop, "GMS"))
 	// Taken out before the channels close (cleanups run last first), so
 	// that C's leave is answered.
-	t.Cleanup(func() { _, _ = c.Stack().Remove("DISCARD") })
+	t.Cleanup(func() { _, _ = stack.Of(c).Remove("DISCARD") })
 	require.NoError(t, d.Connect(ctx, "probe-test"))
 	stacktest.WaitFor(t, 30*time.Second, func() bool {
 		v := a.View()

@@ -655,7 +655,7 @@ func (r *chaosRun) settle() {
 func (r *chaosRun) reliability(live []int) string {
 	var b strings.Builder
 	for _, i := range live {
-		st := r.chs[i].Stack()
+		st := stack.Of(r.chs[i])
 		d, err := stack.Ask(context.Background(), st, stack.EvGetDigest{})
 		fmt.Fprintf(&b, "\n  %s digest %v %v", stacktest.Names[i], d, err)
 		for _, ps := range r.chs[i].Stats() {
@@ -856,7 +856,7 @@ func scenarioA(t *testing.T, file string, seed uint64, churn bool) {
 func (r *chaosRun) requireStaticDiscovery() {
 	static, answers := false, int64(0)
 	for _, ch := range r.chs {
-		for _, p := range ch.Stack().Protocols() {
+		for _, p := range stack.Of(ch).Protocols() {
 			if p.Name() == "STATIC_PING" {
 				static = true
 				answers += stacktest.Stat(r.t, p.(stack.StatsReporter), "responses_received")

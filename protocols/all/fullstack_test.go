@@ -66,9 +66,9 @@ frag_size = "8KB"
 	for _, a := range c.Channels {
 		for _, b := range c.Channels {
 			if a != b {
-				pa, err := stack.Ask(context.Background(), b.Stack(), stack.EvGetLocalPhysicalAddress{})
+				pa, err := stack.Ask(context.Background(), stack.Of(b), stack.EvGetLocalPhysicalAddress{})
 				require.NoError(t, err)
-				err = a.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.Address(), Physical: pa})
+				err = stack.Of(a).DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.Address(), Physical: pa})
 				require.NoError(t, err)
 			}
 		}

@@ -94,7 +94,7 @@ func (g *hostileGroup) inject(sel uint8, m *stack.Message) {
 	if sel&0x10 != 0 {
 		m.Dest = g.chs[0].Address()
 	}
-	t := g.chs[0].Stack().Protocols()[0].(interface {
+	t := stack.Of(g.chs[0]).Protocols()[0].(interface {
 		Receive([]byte, netip.AddrPort) (stack.BundleHeader, bool)
 	})
 	t.Receive(stack.EncodeBundle(nil, "hostile", src, m.Dest.IsZero(), m), netip.AddrPort{})

@@ -150,7 +150,7 @@ func controlWorkload(t *testing.T, file string, spy *headerSpy) {
 	r.prepare = func(ch *stack.Channel) {
 		d := discard.New(discard.DefaultConfig())
 		d.DropDownIf(spy.observe)
-		require.NoError(t, ch.Stack().InsertAbove(d, "SIM"))
+		require.NoError(t, stack.Of(ch).InsertAbove(d, "SIM"))
 		if r.groupfc {
 			mustGroupFC(ch).SetIdentity(groupfc.Identity{Loopback: true, MemberEvents: true})
 		}

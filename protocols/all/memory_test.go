@@ -170,7 +170,7 @@ func TestPeerIgnoringCreditsCannotGrowTheReceiver(t *testing.T) {
 		wg.Wait()
 		stacktest.WaitFor(t, time.Hour, func() bool { return recv.bytes.Load() == total }, "B received all of it")
 		stats := map[string]int64{}
-		for _, p := range chs[1].Stack().Protocols() {
+		for _, p := range stack.Of(chs[1]).Protocols() {
 			if r, ok := p.(stack.StatsReporter); ok {
 				for _, s := range r.Stats() {
 					stats[p.Name()+"."+s.Name] = s.Value

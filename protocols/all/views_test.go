@@ -75,9 +75,9 @@ func TestEachLayerSeesEachViewOnce(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = ch.Close() })
 			sp := spies{newViewSpy("SPY_BELOW"), newViewSpy("SPY_ABOVE"), newViewSpy("SPY_TOP")}
-			require.NoError(t, ch.Stack().InsertBelow(sp.below, "GMS"))
-			require.NoError(t, ch.Stack().InsertAbove(sp.above, "GMS"))
-			require.NoError(t, ch.Stack().InsertAbove(sp.top, "FLUSH"))
+			require.NoError(t, stack.Of(ch).InsertBelow(sp.below, "GMS"))
+			require.NoError(t, stack.Of(ch).InsertAbove(sp.above, "GMS"))
+			require.NoError(t, stack.Of(ch).InsertAbove(sp.top, "FLUSH"))
 			require.NoError(t, ch.Connect(t.Context(), "views"))
 			chs, all = append(chs, ch), append(all, sp)
 		}
@@ -109,7 +109,7 @@ func TestEachLayerSeesEachViewOnce(t *testing.T) {
 		for _, s := range []*viewSpy{all[2].below, all[2].above, all[2].top} {
 			require.Nil(t, s.View(), "Base.View of %s after Disconnect", s.name)
 		}
-		for _, p := range chs[2].Stack().Protocols() {
+		for _, p := range stack.Of(chs[2]).Protocols() {
 			if b, ok := p.(interface{ View() *stack.View }); ok {
 				require.Nil(t, b.View(), "%s's view after Disconnect", p.Name())
 			}

@@ -19,7 +19,7 @@ func add(t *testing.T, l *grouptest.Lab, secret string) (*grouptest.Member, *aut
 	m := l.Add()
 	a := auth.New(auth.DefaultConfig())
 	require.NoError(t, a.SetSecret([]byte(secret)))
-	require.NoError(t, m.Ch.Stack().InsertBelow(a, "GMS"))
+	require.NoError(t, stack.Of(m.Ch).InsertBelow(a, "GMS"))
 	return m, a
 }
 
@@ -124,7 +124,7 @@ func TestForgedRejectDoesNotTurnAwayAJoinerWithTheSecret(t *testing.T) {
 		l.ConnectAll(a)
 		b, ba := add(t, l, secret)
 		f := &rejectForger{}
-		require.NoError(t, b.Ch.Stack().InsertBelow(f, "AUTH"))
+		require.NoError(t, stack.Of(b.Ch).InsertBelow(f, "AUTH"))
 		require.NoError(t, b.Ch.Connect(context.Background(), "test"))
 		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(a, b) }, "A and B in one view")
 		require.True(t, f.forged.Load(), "a REJECT was forged")

@@ -542,7 +542,7 @@ func TestMemberThatMissesTheViewDeliversNothingOfTheNextViewInTheOldOne(t *testi
 			h, ok := m.Header(stack.IDGMS).(*gms.Header)
 			return ok && h.Kind() == "VIEW" && drop.Load()
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d, "GMS"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d, "GMS"))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup
@@ -605,7 +605,7 @@ func TestViewChangeEndsOnlyWhenEveryMemberHasTheView(t *testing.T) {
 			h, ok := m.Header(stack.IDGMS).(*gms.Header)
 			return ok && h.Kind() == "VIEW" && m.IsMulticast()
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d, "GMS"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d, "GMS"))
 		old := c.Ch.View().ID
 		var early atomic.Int32
 		// B's view as its application sees it (the last ViewAccepted), not
@@ -661,7 +661,7 @@ func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
 			h, ok := m.Header(stack.IDFLUSH).(*flush.Header)
 			return ok && h.Kind() == "FLUSH_COMPLETED" && drop.Load()
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d, "FLUSH"))
 		// C also misses the multicast of the view that excludes it (above
 		// NAKACK, so no retransmission brings it), so B's multicasts of
 		// the new view reach C while C is still in the old one: C must not
@@ -672,7 +672,7 @@ func TestMemberTheFlushWentOnWithoutIsNotInTheNextView(t *testing.T) {
 			h, ok := m.Header(stack.IDGMS).(*gms.Header)
 			return ok && h.Kind() == "VIEW" && m.IsMulticast() && drop.Load()
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d2, "GMS"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d2, "GMS"))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var wg sync.WaitGroup
@@ -764,7 +764,7 @@ func TestStartFlushGoesOnWithoutASuspectedParticipant(t *testing.T) {
 			_, ok := m.Header(stack.IDFLUSH).(*flush.Header)
 			return ok
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d, "FLUSH"))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		done := make(chan error, 1)
@@ -906,7 +906,7 @@ func TestReceiveOfAReleasedMessageHoldsUpNothing(t *testing.T) {
 			}
 			return false
 		})
-		require.NoError(t, c.Ch.Stack().InsertBelow(d, "FLUSH"))
+		require.NoError(t, stack.Of(c.Ch).InsertBelow(d, "FLUSH"))
 		joined := make(chan error, 1)
 		go func() { joined <- l.add().Ch.Connect(t.Context(), "test") }()
 		<-stopHere
@@ -981,7 +981,7 @@ func TestLateStartOfAnAbortedRoundIsToldTheRoundIsOver(t *testing.T) {
 			answered++
 			return answered == 1
 		})
-		require.NoError(t, mid.Ch.Stack().InsertBelow(dis, "FLUSH"))
+		require.NoError(t, stack.Of(mid.Ch).InsertBelow(dis, "FLUSH"))
 
 		l.Net.Partition([]stack.Address{lo.Addr()}, []stack.Address{mid.Addr(), hi.Addr()})
 		stacktest.WaitFor(t, time.Minute, func() bool { return mid.Ch.View().Size() == 1 && hi.Ch.View().Coordinator() == hi.Addr() },
@@ -1037,7 +1037,7 @@ func TestJoinerThatDeclinesALateViewTakesNoPartInItsFlush(t *testing.T) {
 		open()
 		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
 		m.PutHeader(stack.IDGMS, joinReq.Load())
-		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))
+		require.NoError(t, stack.Of(j.Ch).Down(context.Background(), m))
 		stacktest.WaitFor(t, time.Minute, func() bool { return i.Ch.View().Contains(j.Addr()) }, "i took j in")
 		stacktest.WaitFor(t, time.Minute, func() bool { return !i.Ch.View().Contains(j.Addr()) }, "i let j go")
 		synctest.Wait()

@@ -21,7 +21,7 @@ func BenchmarkReceiveWithPendingPartials(b *testing.B) {
 			cfg.FragSize = 1000
 			sink := &sink{}
 			c := stacktest.StartSIM(b, 1, 1, func(int) []stack.Protocol { return []stack.Protocol{frag.New(cfg), sink} })
-			f := c.Channels[0].Stack().Find("FRAG").(*frag.FRAG)
+			f := stack.Of(c.Channels[0]).Find("FRAG").(*frag.FRAG)
 			src := stack.NewAddress()
 			fs := int(cfg.FragSize)
 			big := make([]byte, 2*fs)

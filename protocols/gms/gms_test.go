@@ -308,7 +308,7 @@ func TestMergeTakesOneAnswerFromEachCoordinatorAsked(t *testing.T) {
 		var fs []*mergeRspForger
 		for _, m := range ms {
 			f := &mergeRspForger{outsider: outsider}
-			require.NoError(t, m.Ch.Stack().InsertBelow(f, "GMS"))
+			require.NoError(t, stack.Of(m.Ch).InsertBelow(f, "GMS"))
 			fs = append(fs, f)
 		}
 		left := []stack.Address{ms[0].Addr(), ms[1].Addr()}
@@ -600,7 +600,7 @@ func TestCoordinatorThatLeavesDuringAViewChangeAnswersNoRejoiner(t *testing.T) {
 		// In the same bundle as c's join: b asks to join again.
 		m := stack.NewMessage(a.Addr(), nil).Set(stack.Internal | stack.OOB)
 		m.PutHeader(stack.IDGMS, gms.JoinReq())
-		require.NoError(t, b.Ch.Stack().Down(context.Background(), m))
+		require.NoError(t, stack.Of(b.Ch).Down(context.Background(), m))
 		stacktest.WaitFor(t, time.Minute, func() bool { return a.Ch.View().Contains(c.Addr()) }, "the coordinator installed the view with the joiner")
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -633,7 +633,7 @@ func TestJoinerThatJoinedElsewhereLeavesALateView(t *testing.T) {
 		open()
 		m := stack.NewMessage(i.Addr(), nil).Set(stack.Internal | stack.OOB)
 		m.PutHeader(stack.IDGMS, gms.JoinReq())
-		require.NoError(t, j.Ch.Stack().Down(context.Background(), m))
+		require.NoError(t, stack.Of(j.Ch).Down(context.Background(), m))
 		stacktest.WaitFor(t, time.Minute, func() bool { return i.Ch.View().Contains(j.Addr()) }, "i took j in")
 		took := time.Now()
 		stacktest.WaitFor(t, time.Minute, func() bool { return !i.Ch.View().Contains(j.Addr()) }, "i let j go")

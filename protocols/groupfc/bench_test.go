@@ -118,8 +118,8 @@ func BenchmarkBroadcastUDP4(b *testing.B) {
 			for _, x := range chs {
 				for _, y := range chs {
 					if x != y {
-						pa, _ := stack.Ask(context.Background(), y.Stack(), stack.EvGetLocalPhysicalAddress{})
-						_ = x.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: y.Address(), Physical: pa})
+						pa, _ := stack.Ask(context.Background(), stack.Of(y), stack.EvGetLocalPhysicalAddress{})
+						_ = stack.Of(x).DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: y.Address(), Physical: pa})
 					}
 				}
 			}

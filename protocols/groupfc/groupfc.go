@@ -172,7 +172,7 @@ var ErrNoGroupFC = errors.New(`groupfc: no GROUPFC layer in the stack (use confi
 
 // Of returns the GROUPFC layer of ch's stack, or ErrNoGroupFC.
 func Of(ch *stack.Channel) (*GROUPFC, error) {
-	if g, ok := stack.Find[*GROUPFC](ch.Stack()); ok {
+	if g, ok := stack.Find[*GROUPFC](stack.Of(ch)); ok {
 		return g, nil
 	}
 	return nil, ErrNoGroupFC

@@ -645,7 +645,7 @@ func lateAtA(t *testing.T, match func(*stack.Message) bool) (c *stacktest.Cluste
 		}
 		return false
 	})
-	require.NoError(t, c.Channels[0].Stack().InsertBelow(d, "NAKACK"))
+	require.NoError(t, stack.Of(c.Channels[0]).InsertBelow(d, "NAKACK"))
 	return c, gs, let
 }
 

@@ -56,7 +56,7 @@ func BenchmarkSendReceive1KB(b *testing.B) {
 	}
 	v := stack.NewView(chs[0].Address(), 2, chs[0].Address(), chs[1].Address())
 	for _, ch := range chs {
-		if err := ch.Stack().InstallView(context.Background(), v); err != nil {
+		if err := stack.Of(ch).InstallView(context.Background(), v); err != nil {
 			b.Fatal(err)
 		}
 	}

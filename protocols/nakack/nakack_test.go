@@ -198,7 +198,7 @@ func TestDigestGetAndSet(t *testing.T) {
 			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
 		}
 		stacktest.WaitFor(t, time.Second, func() bool { return g.c.Recv[1].Len() == 5 }, "delivered")
-		d, err := stack.Ask(t.Context(), g.c.Channels[1].Stack(), stack.EvGetDigest{})
+		d, err := stack.Ask(t.Context(), stack.Of(g.c.Channels[1]), stack.EvGetDigest{})
 		require.NoError(t, err)
 		e, ok := d.Get(a.Address())
 		require.True(t, ok)
@@ -316,14 +316,14 @@ func TestHoldLeavesTheMembersOwnMulticastsAlone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGroup(t, 2, 1)
 		a, b := g.c.Channels[0], g.c.Channels[1]
-		_, err := stack.Ask(t.Context(), a.Stack(), stack.EvHold{})
+		_, err := stack.Ask(t.Context(), stack.Of(a), stack.EvHold{})
 		require.NoError(t, err)
 		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, 0, 8))))
 		require.NoError(t, b.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(1, 0, 8))))
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 1 && g.c.Recv[1].Len() == 2 }, "A delivered its own multicast, B both")
 		synctest.Wait()
 		require.Empty(t, g.c.Recv[0].Seqs(b.Address()), "B's multicast is held at A")
-		err = a.Stack().DownEvent(t.Context(), stack.EvReleaseHold{})
+		err = stack.Of(a).DownEvent(t.Context(), stack.EvReleaseHold{})
 		require.NoError(t, err)
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[0].Len() == 2 }, "released")
 	})

@@ -195,7 +195,7 @@ func TestMembersFoundThroughSRVRecords(t *testing.T) {
 	checkGroup(t, chs, cols)
 }
 
-func transportOf(ch *stack.Channel) *tcp.TCP { return ch.Stack().Protocols()[0].(*tcp.TCP) }
+func transportOf(ch *stack.Channel) *tcp.TCP { return stack.Of(ch).Protocols()[0].(*tcp.TCP) }
 
 // spy is a TCP listener that counts the frames sent to it (discovery
 // requests), as a host named in DNS but running no member would see them.
@@ -276,10 +276,10 @@ func TestRemovedRecordIsNoLongerProbed(t *testing.T) {
 	ch, err := stack.New(stack.FromProtocols(tcp.New(tc), dp))
 	require.NoError(t, err)
 	defer ch.Close()
-	ch.Stack().SetCluster("probe")
+	stack.Of(ch).SetCluster("probe")
 	require.NoError(t, ch.Connect(context.Background(), "probe"))
 	round := func() {
-		_, err := stack.Ask(context.Background(), ch.Stack(), stack.EvFindMembers{Timeout: dc.Timeout})
+		_, err := stack.Ask(context.Background(), stack.Of(ch), stack.EvFindMembers{Timeout: dc.Timeout})
 		require.NoError(t, err)
 	}
 	sent := func() int64 { return stacktest.Stat(t, dp, "requests_sent") }

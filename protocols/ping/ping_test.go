@@ -171,7 +171,7 @@ func TestWhoHasTeachesTheTransportAnUnknownAddress(t *testing.T) {
 	require.NoError(t, a.ch.SendTo(context.Background(), b.ch.Address(), []byte("hello")))
 	stacktest.WaitFor(t, 10*time.Second, func() bool { return b.col.Len() == 1 }, "b gets the unicast")
 	require.Positive(t, stacktest.Stat(t, a.d, "who_has_requests"))
-	phys, err := stack.Ask(context.Background(), a.ch.Stack(), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
+	phys, err := stack.Ask(context.Background(), stack.Of(a.ch), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
 	require.NoError(t, err)
 	require.Equal(t, b.u.PhysicalAddress(), phys)
 }
@@ -235,7 +235,7 @@ func TestAnswerGoesWhereTheRequestCameFrom(t *testing.T) {
 	require.Len(t, msgs, 1)
 	require.NotNil(t, msgs[0].Header(stack.IDPING), "a discovery answer")
 
-	phys, err := stack.Ask(context.Background(), a.ch.Stack(), stack.EvGetPhysicalAddress{Member: src})
+	phys, err := stack.Ask(context.Background(), stack.Of(a.ch), stack.EvGetPhysicalAddress{Member: src})
 	require.NoError(t, err)
 	require.Equal(t, askerAt, phys, "the asker is where its request came from")
 	require.EqualValues(t, 1, stacktest.Stat(t, a.d, "physical_address_overridden"))

@@ -110,7 +110,7 @@ func TestMalformedAndForeignInputIsCountedAndDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := stacktest.StartSIM(t, 1, 1, nil)
 		ch := c.Channels[0]
-		s, ok := stack.Find[*sim.SIM](ch.Stack())
+		s, ok := stack.Find[*sim.SIM](stack.Of(ch))
 		require.True(t, ok)
 		other := stack.NewAddress()
 		good := stack.EncodeBundle(nil, "test", other, true, stack.NewMessage(stack.Address{}, []byte("hi")))
@@ -192,7 +192,7 @@ func TestNetworkAddressesAreFreePortsAndReceiveSendToPhysical(t *testing.T) {
 		_, _, _, err = member("C")
 		require.ErrorContains(t, err, "no free port")
 
-		phys, err := stack.Ask(t.Context(), chB.Stack(), stack.EvGetLocalPhysicalAddress{})
+		phys, err := stack.Ask(t.Context(), stack.Of(chB), stack.EvGetLocalPhysicalAddress{})
 		require.NoError(t, err)
 		require.Equal(t, port(7801), phys)
 		for _, to := range []netip.AddrPort{port(7801), port(7802)} {
@@ -216,9 +216,9 @@ func TestNetworkAddressesAreFreePortsAndReceiveSendToPhysical(t *testing.T) {
 func TestWithoutBindPortThereIsNoNetworkAddress(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := stacktest.StartSIM(t, 1, 1, nil)
-		s, _ := stack.Find[*sim.SIM](c.Channels[0].Stack())
+		s, _ := stack.Find[*sim.SIM](stack.Of(c.Channels[0]))
 		require.False(t, s.PhysicalAddress().IsValid())
-		phys, _ := stack.Ask(t.Context(), c.Channels[0].Stack(), stack.EvGetLocalPhysicalAddress{})
+		phys, _ := stack.Ask(t.Context(), stack.Of(c.Channels[0]), stack.EvGetLocalPhysicalAddress{})
 		require.False(t, phys.IsValid())
 		_, err := s.DownEvent(t.Context(), stack.EvSendToPhysical{To: netip.MustParseAddrPort("127.0.0.1:7800"), Msg: stack.NewMessage(stack.Address{}, nil)})
 		require.ErrorIs(t, err, stack.ErrNotSupported)

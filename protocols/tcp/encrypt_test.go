@@ -58,7 +58,7 @@ func TestForgedPreambleCannotMoveALiveMembersAddress(t *testing.T) {
 	caught := forgeAs(t, a, b, "open")
 	stacktest.WaitFor(t, wait, func() bool { return a.col.Len() == 2 }, "A took the forged bundle (nothing authenticates it here)")
 	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.tcp, "addr_moves_refused") == 1 }, "the move is refused and counted")
-	at, err := stack.Ask(context.Background(), a.ch.Stack(), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
+	at, err := stack.Ask(context.Background(), stack.Of(a.ch), stack.EvGetPhysicalAddress{Member: b.ch.Address()})
 	require.NoError(t, err)
 	require.Equal(t, b.tcp.PhysicalAddress(), at, "A still has B at B's own address")
 

@@ -88,7 +88,7 @@ func introduce(t testing.TB, ms []*member) {
 
 func teach(t testing.TB, m *member, a stack.Address, ap netip.AddrPort) {
 	t.Helper()
-	err := m.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: a, Physical: ap})
+	err := stack.Of(m.ch).DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: a, Physical: ap})
 	require.NoError(t, err)
 }
 
@@ -139,4 +139,4 @@ func startFromConfig(t *testing.T, fsys fstest.MapFS, file, name string, vars ma
 	return ch, col
 }
 
-func transportOf(ch *stack.Channel) *tcp.TCP { return ch.Stack().Protocols()[0].(*tcp.TCP) }
+func transportOf(ch *stack.Channel) *tcp.TCP { return stack.Of(ch).Protocols()[0].(*tcp.TCP) }

@@ -77,9 +77,9 @@ func introduce(t testing.TB, ms []*member) {
 			if a == b {
 				continue
 			}
-			pa, err := stack.Ask(context.Background(), b.ch.Stack(), stack.EvGetLocalPhysicalAddress{})
+			pa, err := stack.Ask(context.Background(), stack.Of(b.ch), stack.EvGetLocalPhysicalAddress{})
 			require.NoError(t, err)
-			err = a.ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.ch.Address(), Physical: pa})
+			err = stack.Of(a.ch).DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: b.ch.Address(), Physical: pa})
 			require.NoError(t, err)
 		}
 	}

@@ -21,7 +21,7 @@ func FuzzReceive(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer ch.Close()
-	ch.Stack().SetCluster("fuzz")
+	stack.Of(ch).SetCluster("fuzz")
 	u.cache = transport.NewAddrCache(time.Minute, 2000)
 	from := netip.MustParseAddrPort("127.0.0.1:9")
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -52,7 +52,7 @@ func poison(t *testing.T, cluster string, victim stack.Address, target netip.Add
 
 func physicalOf(t *testing.T, at *member, of stack.Address) netip.AddrPort {
 	t.Helper()
-	pa, err := stack.Ask(context.Background(), at.ch.Stack(), stack.EvGetPhysicalAddress{Member: of})
+	pa, err := stack.Ask(context.Background(), stack.Of(at.ch), stack.EvGetPhysicalAddress{Member: of})
 	require.NoError(t, err)
 	return pa
 }
@@ -155,11 +155,11 @@ func TestRelayedDatagramDoesNotMoveAnAddress(t *testing.T) {
 	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(b.udp.PhysicalAddress()))
 	require.NoError(t, err)
 	defer c.Close()
-	failed := stacktest.Stat(t, b.ch.Stack().Find("ENCRYPT").(stack.StatsReporter), "auth_failures")
+	failed := stacktest.Stat(t, stack.Of(b.ch).Find("ENCRYPT").(stack.StatsReporter), "auth_failures")
 	_, err = c.Write(buf[:n])
 	require.NoError(t, err)
 	stacktest.WaitFor(t, 10*time.Second, func() bool {
-		return stacktest.Stat(t, b.ch.Stack().Find("ENCRYPT").(stack.StatsReporter), "auth_failures") > failed
+		return stacktest.Stat(t, stack.Of(b.ch).Find("ENCRYPT").(stack.StatsReporter), "auth_failures") > failed
 	}, "the relayed copy fails to open")
 	require.Equal(t, aAt, physicalOf(t, b, a.ch.Address()), "A's address did not move")
 	require.Zero(t, b.col.Len(), "nothing of the relayed copy was delivered")
@@ -178,7 +178,7 @@ func TestOwnMulticastOpensAtTheSender(t *testing.T) {
 		require.NoError(t, ms[0].ch.Send(context.Background(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, i, 100))))
 	}
 	stacktest.WaitFor(t, 10*time.Second, func() bool { return ms[0].col.Len() == 10 && ms[1].col.Len() == 10 }, "both get the multicasts")
-	e := ms[0].ch.Stack().Find("ENCRYPT").(stack.StatsReporter)
+	e := stack.Of(ms[0].ch).Find("ENCRYPT").(stack.StatsReporter)
 	require.Zero(t, stacktest.Stat(t, e, "auth_failures"), "the sender's own copies opened")
 	require.EqualValues(t, 10, stacktest.Stat(t, e, "decrypted"))
 }

@@ -222,7 +222,7 @@ func TestStallOverTheThresholdIsLoggedOnceAndCounted(t *testing.T) {
 		ms := start(t, 2, cfg)
 		a, b := ms[0], ms[1]
 		var logs logBuffer
-		a.ch.Stack().SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+		stack.Of(a.ch).SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
 		release := make(chan struct{})
 		defer close(release)
 		b.col.OnMsg = func(*stack.Message) { <-release }

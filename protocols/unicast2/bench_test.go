@@ -92,8 +92,8 @@ func BenchmarkUDPLoopback1KB(b *testing.B) {
 		chs = append(chs, ch)
 	}
 	for i, ch := range chs {
-		pa, _ := stack.Ask(context.Background(), chs[1-i].Stack(), stack.EvGetLocalPhysicalAddress{})
-		_ = ch.Stack().DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: chs[1-i].Address(), Physical: pa})
+		pa, _ := stack.Ask(context.Background(), stack.Of(chs[1-i]), stack.EvGetLocalPhysicalAddress{})
+		_ = stack.Of(ch).DownEvent(context.Background(), stack.EvAddPhysicalAddress{Logical: chs[1-i].Address(), Physical: pa})
 	}
 	dest := chs[1].Address()
 	ctx := context.Background()

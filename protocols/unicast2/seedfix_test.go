@@ -244,7 +244,7 @@ func TestConnectionClosedDuringADeliveryDeliversNoMore(t *testing.T) {
 		synctest.Wait()
 		require.Equal(t, []int{0}, g.delivered(), "B's delivery of message 0 is held")
 
-		require.NoError(t, a.Stack().Down(context.Background(), stack.NewMessage(ba, stacktest.Payload(0, 1, 8)).Set(stack.Internal)))
+		require.NoError(t, stack.Of(a).Down(context.Background(), stack.NewMessage(ba, stacktest.Payload(0, 1, 8)).Set(stack.Internal)))
 		stacktest.WaitFor(t, time.Second, func() bool { return stacktest.Stat(t, u[1], "msgs_received") == 2 }, "message 1 reached B's window")
 		synctest.Wait()
 		require.Equal(t, []int{0}, g.delivered(), "message 1 waits behind message 0")

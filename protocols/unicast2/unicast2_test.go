@@ -428,7 +428,7 @@ func TestKeptMessagesHaveTheirSourceBeforeTheyAreShared(t *testing.T) {
 		})
 		m := stack.NewMessage(p.ba, stacktest.Payload(0, 1, 32))
 		require.True(t, m.Src.IsZero())
-		require.NoError(t, p.a.Stack().Down(t.Context(), m))
+		require.NoError(t, stack.Of(p.a).Down(t.Context(), m))
 		stacktest.WaitFor(t, time.Minute, func() bool { return p.c.Recv[1].Len() == 1 }, "delivered")
 		spy.mu.Lock()
 		defer spy.mu.Unlock()

@@ -167,7 +167,7 @@ func (c *Cluster) InjectView(t testing.TB) *stack.View {
 func InjectView(t testing.TB, v *stack.View, chs ...*stack.Channel) {
 	t.Helper()
 	for _, ch := range chs {
-		if err := ch.Stack().InstallView(context.Background(), v); err != nil {
+		if err := stack.Of(ch).InstallView(context.Background(), v); err != nil {
 			t.Fatalf("inject view on %s: %v", ch.Address(), err)
 		}
 	}
