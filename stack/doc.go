@@ -1,28 +1,21 @@
-// Package stack is strata's core: the channel an application embeds, the
-// protocol stack beneath it, and what protocol writers build layers with.
+// Package stack is strata's core: the channel, the protocol stack beneath
+// it, and what protocol writers build layers with.
 //
-// # For applications
+// # For applications: package strata
 //
-// A Channel is a member of a group. New builds one: on the default stack
-// (udp.toml), a shipped one (Shipped("flush.toml"); they are in package
-// configs), a config file (FromFile) or protocols built in Go
-// (FromProtocols); import _ ".../protocols/all" to register the shipped
-// protocols. Give it a Receiver (WithReceiver), Connect to a cluster
-// name, then Send messages to a member or to the group (a zero
-// destination). Receive gets messages; ViewAccepted gets each new view of
-// the group, in order with the messages (virtual synchrony with FLUSH in
-// the stack). Callbacks never run under a protocol's lock; a callback may
-// send.
+// An application imports the module's root package, strata: New and its
+// options, Channel, Receiver, Message, Address, View and the errors. They
+// are this package's types under the same names (type aliases), so a
+// channel made there is a *Channel here. A Channel does not hand out its
+// stack: the stack's lifecycle (Start, Stop, the local address, raw
+// events) is the channel's business.
 //
-//	ch, err := stack.New(stack.Shipped("udp.toml"), stack.WithReceiver(r))
-//	...
-//	err = ch.Connect(ctx, "my-group")
-//	err = ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello")))
+// # For building blocks and tests
 //
-// Message flags choose the lane a message travels on: OOB messages are
-// not ordered behind others, INTERNAL is for protocols' own traffic.
-// GetState and ConnectWithState move the application's state (with
-// STATE_TRANSFER); StartFlush and StopFlush block the group (with FLUSH).
+// Of(ch) returns a channel's stack, for code that works beside the
+// layers: finding one (Find, Stack.Find), inserting one at run time
+// (InsertBelow, InsertAbove: tests place fault injectors, package rpc its
+// dispatcher), asking the stack (Ask) and injecting a view (InstallView).
 //
 // # For protocol writers
 //

@@ -1,12 +1,12 @@
-package stack_test
+package strata_test
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
+	"github.com/strata-go/strata"
 	_ "github.com/strata-go/strata/protocols/all" // registers every protocol
-	"github.com/strata-go/strata/stack"
 )
 
 // printer prints what it receives; Receive may run concurrently.
@@ -16,21 +16,21 @@ type printer struct {
 	name string
 }
 
-func (p *printer) Receive(m *stack.Message) {
+func (p *printer) Receive(m *strata.Message) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fmt.Printf("%s got %q from %s\n", p.name, m.Payload, m.Src)
 	p.wg.Done()
 }
 
-func (p *printer) ViewAccepted(v *stack.View) {}
+func (p *printer) ViewAccepted(v *strata.View) {}
 
 // Example embeds a channel built from a shipped config and sends one
 // message to the group.
 func Example() {
 	var wg sync.WaitGroup
 	wg.Add(1)
-	ch, err := stack.New(stack.Shipped("sim.toml"), stack.WithName("A"), stack.WithReceiver(&printer{wg: &wg, name: "A"}))
+	ch, err := strata.New(strata.Shipped("sim.toml"), strata.WithName("A"), strata.WithReceiver(&printer{wg: &wg, name: "A"}))
 	if err != nil {
 		panic(err)
 	}
@@ -40,7 +40,7 @@ func Example() {
 		panic(err)
 	}
 	fmt.Println("view:", ch.View())
-	if err := ch.Send(ctx, stack.NewMessage(stack.Address{}, []byte("hello"))); err != nil {
+	if err := ch.Send(ctx, strata.NewMessage(strata.Address{}, []byte("hello"))); err != nil {
 		panic(err)
 	}
 	wg.Wait()
