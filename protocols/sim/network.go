@@ -59,6 +59,36 @@ type Network struct {
 	Partitioned atomic.Int64
 	Overflowed  atomic.Int64
 	Unreachable atomic.Int64 // sent to a network address no member holds
+	// SentBytes counts the bytes of every packet put on the network: a
+	// multicast once, as one datagram on a wire with IP multicast.
+	SentBytes atomic.Int64
+
+	tap atomic.Pointer[func(m *stack.Message, size, receivers int)]
+}
+
+// SetTap has f see every packet put on the network (nil: none): the
+// message, its encoded size (a multicast once) and how many members it is
+// handed to (copies included; none when lost). Scale tests classify
+// traffic with it. f runs on the sender's goroutine and must not block.
+func (n *Network) SetTap(f func(m *stack.Message, size, receivers int)) {
+	if f == nil {
+		n.tap.Store(nil)
+		return
+	}
+	n.tap.Store(&f)
+}
+
+// count records one packet put on the network and handed to outs.
+func (n *Network) count(m *stack.Message, size int, outs []out) {
+	n.Sent.Add(1)
+	n.SentBytes.Add(int64(size))
+	if f := n.tap.Load(); f != nil {
+		r := 0
+		for _, o := range outs {
+			r += o.f.copies
+		}
+		(*f)(m, size, r)
+	}
 }
 
 var (
@@ -313,7 +343,6 @@ func (n *Network) decide(from, to stack.Address, m *stack.Message) (fate, *endpo
 // send delivers pkt (the encoding of m) from -> to, or to every other member
 // when to is zero.
 func (n *Network) send(from, to stack.Address, pkt []byte, m *stack.Message) {
-	n.Sent.Add(1)
 	var outs []out
 	n.mu.Lock()
 	src := n.physOf(from)
@@ -330,17 +359,18 @@ func (n *Network) send(from, to stack.Address, pkt []byte, m *stack.Message) {
 		outs = append(outs, out{ep, f})
 	}
 	n.mu.Unlock()
+	n.count(m, len(pkt), outs)
 	deliver(outs, pkt, src)
 }
 
 // sendPhysical delivers pkt (the encoding of m) from the member from to the
 // member holding the network address to; with no such member it is lost.
 func (n *Network) sendPhysical(from stack.Address, to netip.AddrPort, pkt []byte, m *stack.Message) {
-	n.Sent.Add(1)
 	n.mu.Lock()
 	dst := n.phys[to]
 	if dst == nil {
 		n.mu.Unlock()
+		n.count(m, len(pkt), nil)
 		n.Unreachable.Add(1)
 		return
 	}
@@ -350,6 +380,7 @@ func (n *Network) sendPhysical(from stack.Address, to netip.AddrPort, pkt []byte
 		outs = append(outs, out{ep, f})
 	}
 	n.mu.Unlock()
+	n.count(m, len(pkt), outs)
 	deliver(outs, pkt, src)
 }
 

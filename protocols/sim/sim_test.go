@@ -92,6 +92,37 @@ func TestPartitionAndHeal(t *testing.T) {
 	})
 }
 
+// TestTapSeesEachPacketOnceWithItsSize: a multicast to three others is one
+// packet on the network, as one datagram with IP multicast; the tap sees
+// it once with its encoded size and its three receivers, and SentBytes
+// adds the same sizes.
+func TestTapSeesEachPacketOnceWithItsSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := stacktest.StartSIM(t, 4, 1, nil)
+		var payloads []string
+		var receivers []int
+		var bytes int64
+		c.Net.SetTap(func(m *stack.Message, size, r int) {
+			payloads = append(payloads, string(m.Payload))
+			receivers = append(receivers, r)
+			bytes += int64(size)
+		})
+		sent, sentBytes := c.Net.Sent.Load(), c.Net.SentBytes.Load()
+		require.NoError(t, c.Channels[0].SendTo(t.Context(), stack.Address{}, []byte("to all")))
+		require.NoError(t, c.Channels[0].SendTo(t.Context(), c.Channels[1].Address(), []byte("to one")))
+		synctest.Wait()
+		require.Equal(t, []string{"to all", "to one"}, payloads)
+		require.Equal(t, []int{3, 1}, receivers)
+		require.EqualValues(t, 2, c.Net.Sent.Load()-sent)
+		require.Equal(t, bytes, c.Net.SentBytes.Load()-sentBytes)
+		require.Greater(t, bytes, int64(len("to all")+len("to one")), "sizes are of the encoded packets")
+		c.Net.SetTap(nil)
+		require.NoError(t, c.Channels[0].SendTo(t.Context(), stack.Address{}, []byte("untapped")))
+		synctest.Wait()
+		require.Len(t, payloads, 2)
+	})
+}
+
 func TestDropByPredicateOnHeaderOrFlags(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := stacktest.StartSIM(t, 2, 1, nil)
