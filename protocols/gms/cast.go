@@ -20,6 +20,7 @@ import (
 type castRun struct {
 	self  stack.Address
 	count *counters
+	prev  *stack.View // the view before nv (a regular view): its delta goes to those who hold it
 	nv    *stack.View
 	// merge: a merge view, sent to each member with its digest
 	// (INSTALL_VIEW); the members its flush went on without are told but
@@ -33,7 +34,8 @@ type castRun struct {
 	flushed               bool            // the flush completed: its round is stopped at the end
 	excluded              []stack.Address // members the flush went on without
 	digest                stack.Digest    // the joiners' (a regular view) or the merge view's
-	msg                   *Header         // VIEW or INSTALL_VIEW
+	msg                   *Header         // VIEW (a delta where it can be) or INSTALL_VIEW
+	full                  *Header         // msg with the view in full: sent again to those that did not acknowledge it
 	every, maxWait        time.Duration   // view_ack_timeout, max_view_ack_wait
 	acks                  *viewAcks
 }
@@ -42,7 +44,7 @@ type castRun struct {
 // block and deliver the same messages first; a graceful leaver blocks too,
 // so that what it sent in cur reaches all or none of those that stay.
 func newCast(self stack.Address, c *counters, cfg Config, cur, nv *stack.View, joiners, leaving, stateJoiners []stack.Address) *castRun {
-	r := &castRun{self: self, count: c, nv: nv, joiners: joiners, stateJoiners: stateJoiners, every: cfg.ViewAckTimeout, maxWait: cfg.MaxViewAckWait}
+	r := &castRun{self: self, count: c, prev: cur, nv: nv, joiners: joiners, stateJoiners: stateJoiners, every: cfg.ViewAckTimeout, maxWait: cfg.MaxViewAckWait}
 	for _, m := range cur.Members {
 		if nv.Contains(m) || slices.Contains(leaving, m) {
 			r.parts = append(r.parts, m)
@@ -115,6 +117,7 @@ func (r *castRun) announce(d stack.Digest, now time.Time) []effect {
 	}
 	if r.merge {
 		r.msg = &Header{Type: typeInstallView, View: r.nv, Digest: r.digest, MergeID: r.mergeID}
+		r.full = r.msg
 		for _, m := range r.nv.Members {
 			if m != r.self {
 				out = append(out, sendMsg{to: m, h: r.msg})
@@ -125,7 +128,16 @@ func (r *castRun) announce(d stack.Digest, now time.Time) []effect {
 		}
 		return out
 	}
-	r.msg = &Header{Type: typeView, View: r.nv}
+	// The members that stay hold prev: the multicast carries only who
+	// joined and left. A member that lacks prev asks for the view in full
+	// (GET_VIEW), and gets it anyway if it does not acknowledge; the
+	// joiners get it in their answers.
+	r.full = &Header{Type: typeView, View: r.nv}
+	r.msg = r.full
+	if d := makeDelta(r.prev, r.nv); d != nil {
+		r.msg = &Header{Type: typeView, Delta: d}
+		r.count.deltasSent.Add(1)
+	}
 	out = append(out, sendMsg{h: r.msg})
 	if len(r.joiners) > 0 {
 		out = append(out, rememberJoins{joiners: r.joiners, d: r.digest, view: r.nv.ID})
@@ -139,8 +151,9 @@ func (r *castRun) announce(d stack.Digest, now time.Time) []effect {
 func (r *castRun) joinRsp() *Header { return &Header{Type: typeJoinRsp, View: r.nv, Digest: r.digest} }
 
 // tick says at now what to send again to the members that have not
-// acknowledged the view (a joiner ignores views until it has joined: it
-// gets its answer again), or that the coordinator stops waiting (over).
+// acknowledged the view, in full (a joiner ignores views until it has
+// joined: it gets its answer again), or that the coordinator stops
+// waiting (over).
 func (r *castRun) tick(now time.Time) (out []effect, over bool) {
 	missing, giveUp := r.acks.tick(now)
 	if missing == nil && !giveUp {
@@ -153,7 +166,7 @@ func (r *castRun) tick(now time.Time) (out []effect, over bool) {
 	out = append(out, logLine{slog.LevelInfo, "view not acknowledged within view_ack_timeout; sending it again", []any{"view", r.nv.ID, "missing", missing, "timeout", r.every}})
 	for _, a := range missing {
 		r.count.viewsResent.Add(1)
-		h := r.msg
+		h := r.full
 		if slices.Contains(r.joiners, a) {
 			h = r.joinRsp()
 		}

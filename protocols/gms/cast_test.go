@@ -85,8 +85,14 @@ func TestCast(t *testing.T) {
 		r := newCast(self, &n, cfg, cur, nv, nil, []stack.Address{self}, nil)
 		require.Equal(t, []stack.Address{self, b, c, l}, r.parts)
 		r.flushDone(stack.FlushResult{}, nil)
-		require.Equal(t, []effect{sendMsg{h: &Header{Type: typeView, View: nv}}}, r.announce(nil, t0))
-		out, over := r.tick(t0.Add(maxWait))
+		delta := &Delta{ID: nv.ID, Prev: cur.ID, Left: []stack.Address{self}}
+		require.Equal(t, []effect{sendMsg{h: &Header{Type: typeView, Delta: delta}}}, r.announce(nil, t0),
+			"the members that stay hold cur: the view goes as a delta, smaller than the view")
+		out, over := r.tick(t0.Add(every))
+		require.False(t, over)
+		require.Equal(t, []effect{sendMsg{to: b, h: &Header{Type: typeView, View: nv}}, sendMsg{to: c, h: &Header{Type: typeView, View: nv}}, sendMsg{to: l, h: &Header{Type: typeView, View: nv}}},
+			noLogs(out), "a member that did not acknowledge gets the view in full")
+		out, over = r.tick(t0.Add(maxWait))
 		require.True(t, over)
 		require.Empty(t, noLogs(out))
 		require.Equal(t, []effect{stopFlush{stack.EvStopViewChangeFlush{View: nv}}}, r.finish())

@@ -152,6 +152,9 @@ func (g *GMS) cast(cur, nv *stack.View, joiners, leaving, stateJoiners []stack.A
 func (g *GMS) announce(r *castRun, d stack.Digest) {
 	g.mu.Lock()
 	out := r.announce(d, time.Now())
+	if !r.merge {
+		g.announced = r.nv
+	}
 	aw := newAckWait(r.acks)
 	g.acks = aw // before the view goes: an acknowledgement may come at once
 	g.mu.Unlock()

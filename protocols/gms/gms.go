@@ -153,6 +153,9 @@ type counters struct {
 	flushExclusions atomic.Int64 `stat:"flush_exclusions"`
 	viewsResent     atomic.Int64 `stat:"views_resent"`
 	joinsDeclined   atomic.Int64 `stat:"late_join_answers_declined"`
+	deltasSent      atomic.Int64 `stat:"delta_views_sent"`
+	deltasApplied   atomic.Int64 `stat:"delta_views_applied"`
+	deltasMissed    atomic.Int64 `stat:"delta_views_without_previous"` // a full view asked for (GET_VIEW)
 }
 
 // GMS is the group membership protocol.
@@ -172,6 +175,10 @@ type GMS struct {
 	joinView     stack.ViewID
 	viewDigest   stack.Digest // the digest the current view came with (a merge), for members that missed it
 	viewDigestID stack.ViewID
+	// announced is the last regular view this member sent as coordinator,
+	// for members that ask for it in full (GET_VIEW): a leaving
+	// coordinator does not install it.
+	announced *stack.View
 	// joinWithState: this member's JOIN_REQ asks to fetch the state in the
 	// join's flush (Channel.ConnectWithState).
 	joinWithState atomic.Bool

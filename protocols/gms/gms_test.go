@@ -752,3 +752,111 @@ func TestGMSHasOneView(t *testing.T) {
 		}
 	})
 }
+
+// TestJoinOfA65thMemberMulticastsOnlyTheChange: in a group of 64, the
+// coordinator multicasts the view that takes in a 65th member as a delta
+// (the new view id, the one it follows and the joiner), a few dozen bytes
+// whatever the group's size, while the joiner's answer carries the whole
+// view. Before delta views the multicast held all 65 members (over 1 KB,
+// and N times that delivered).
+func TestJoinOfA65thMemberMulticastsOnlyTheChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(64)
+		applied := make([]int64, len(ms))
+		for i, m := range ms {
+			applied[i] = stacktest.Stat(t, m.GMS, "delta_views_applied")
+		}
+		type sent struct {
+			h    *gms.Header
+			size int
+		}
+		var mu sync.Mutex
+		var views, answers []sent
+		l.Net.SetTap(func(m *stack.Message, size, _ int) {
+			h, ok := m.Header(stack.IDGMS).(*gms.Header)
+			if !ok {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch h.Kind() {
+			case "VIEW":
+				views = append(views, sent{h, size})
+			case "JOIN_RSP":
+				answers = append(answers, sent{h, size})
+			}
+		})
+		j := l.Add()
+		l.ConnectAll(j)
+		all := append(ms, j)
+		stacktest.WaitFor(t, 10*time.Second, func() bool { return grouptest.SameView(all...) }, "65 members in one view")
+		l.Net.SetTap(nil)
+
+		final := j.Ch.View().ID
+		mu.Lock()
+		defer mu.Unlock()
+		views = slices.DeleteFunc(views, func(s sent) bool {
+			// Retransmissions of earlier views (the 64 joined at once) to
+			// members still catching up are not this join's.
+			return s.h.Delta == nil && s.h.View.ID != final || s.h.Delta != nil && s.h.Delta.ID != final
+		})
+		require.Len(t, views, 1, "one view multicast, and no view sent again")
+		require.Nil(t, views[0].h.View)
+		require.NotNil(t, views[0].h.Delta, "the view goes as a delta")
+		require.Equal(t, []stack.Address{j.Addr()}, views[0].h.Delta.Joined)
+		require.Less(t, views[0].size, 200, "the view's packet is the size of the change, not of the group")
+		require.Len(t, answers, 1)
+		require.Equal(t, 65, answers[0].h.View.Size(), "the joiner gets the view in full")
+		require.Greater(t, answers[0].size, 65*stack.AddressSize)
+		t.Logf("view multicast: %d bytes; join answer: %d bytes", views[0].size, answers[0].size)
+		for i, m := range ms[1:] {
+			require.EqualValues(t, applied[i+1]+1, stacktest.Stat(t, m.GMS, "delta_views_applied"))
+		}
+		grouptest.CheckViewHistories(t, all)
+	})
+}
+
+// TestMemberThatMissedAViewInstallsTheRightOneFromADelta: the
+// coordinator A and members B and C went on to a view without E (crashed)
+// that D never got, as when A's view was lost for D. The next view, which
+// takes in a joiner, goes as a delta from that view: B and C apply it, and
+// D, which holds the view before (still with E), must not apply it to its
+// own, or it would install a view with E under the new view's id. It asks
+// A for the view in full (GET_VIEW) and installs the same view as the
+// others at once, well before A would send the view again to a member
+// that did not acknowledge it (view_ack_timeout).
+func TestMemberThatMissedAViewInstallsTheRightOneFromADelta(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		ms := l.Start(5)
+		a, b, c, d, e := ms[0], ms[1], ms[2], ms[3], ms[4]
+		v := a.Ch.View()
+		stat := func(m *grouptest.Member, name string) int64 { return stacktest.Stat(t, m.GMS, name) }
+		applied := map[*grouptest.Member]int64{}
+		for _, m := range ms {
+			applied[m] = stat(m, "delta_views_applied")
+		}
+		l.Net.Cut(e.Addr())
+		missed := stack.NewView(a.Addr(), v.ID.Seq+1, a.Addr(), b.Addr(), c.Addr(), d.Addr())
+		for _, m := range []*grouptest.Member{a, b, c} {
+			require.NoError(t, m.GMS.InstallView(t.Context(), missed))
+		}
+		j := l.Add()
+		l.ConnectAll(j)
+		want := a.Ch.View()
+		require.Equal(t, []stack.Address{a.Addr(), b.Addr(), c.Addr(), d.Addr(), j.Addr()}, want.Members)
+		stacktest.WaitFor(t, l.GMS.ViewAckTimeout/4, func() bool {
+			got := d.Ch.View()
+			return got.ID == want.ID
+		}, "D installs the new view at once")
+		require.Equal(t, want, d.Ch.View(), "D's view is the coordinator's, without E")
+		require.EqualValues(t, 1, stat(d, "delta_views_without_previous"))
+		require.Equal(t, applied[d], stat(d, "delta_views_applied"))
+		for _, m := range []*grouptest.Member{b, c} {
+			require.Equal(t, want, m.Ch.View())
+			require.Equal(t, applied[m]+1, stat(m, "delta_views_applied"))
+		}
+		grouptest.CheckViewHistories(t, []*grouptest.Member{a, b, c, d, j})
+	})
+}

@@ -19,10 +19,11 @@ const (
 	typeMergeRsp    uint8 = 8  // subgroup coordinator -> merge leader: its view and digest, or busy
 	typeInstallView uint8 = 9  // merge leader -> every member: the merge view and digest
 	typeCancelMerge uint8 = 10 // merge leader -> subgroup coordinators: the merge is off
-	maxType               = typeCancelMerge
+	typeGetView     uint8 = 11 // member -> a delta's sender: it lacks the view the delta applies to; send the view in full
+	maxType               = typeGetView
 )
 
-var typeNames = [...]string{"?", "JOIN_REQ", "JOIN_RSP", "VIEW", "VIEW_ACK", "LEAVE_REQ", "LEAVE_RSP", "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW", "CANCEL_MERGE"}
+var typeNames = [...]string{"?", "JOIN_REQ", "JOIN_RSP", "VIEW", "VIEW_ACK", "LEAVE_REQ", "LEAVE_RSP", "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW", "CANCEL_MERGE", "GET_VIEW"}
 
 // Which optional fields a header carries (one bit each).
 const (
@@ -33,6 +34,7 @@ const (
 	hasCoord
 	hasFail
 	flagState // JOIN_REQ: the joiner fetches the state in the view's flush
+	hasDelta
 )
 
 // maxFail bounds a refusal's text on the wire.
@@ -48,8 +50,9 @@ type MergeID struct {
 type Header struct {
 	Type    uint8
 	View    *stack.View   // JOIN_RSP, VIEW, MERGE_RSP, INSTALL_VIEW
+	Delta   *Delta        // VIEW, in place of View: the change from the previous view
 	Digest  stack.Digest  // JOIN_RSP, MERGE_RSP, INSTALL_VIEW (nil without NAKACK)
-	ViewID  stack.ViewID  // VIEW_ACK
+	ViewID  stack.ViewID  // VIEW_ACK, GET_VIEW
 	MergeID MergeID       // MERGE_*, INSTALL_VIEW of a merge
 	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
 	Fail    string        // JOIN_RSP, MERGE_RSP refusals; LEAVE_REQ: a declined join
@@ -92,6 +95,9 @@ func (h *Header) bits() uint8 {
 	if h.State {
 		b |= flagState
 	}
+	if h.Delta != nil {
+		b |= hasDelta
+	}
 	return b
 }
 
@@ -116,6 +122,9 @@ func (h *Header) Size() int {
 	}
 	if bits&hasFail != 0 {
 		n += wire.UvarintSize(uint64(len(h.Fail))) + len(h.Fail)
+	}
+	if bits&hasDelta != 0 {
+		n += h.Delta.size()
 	}
 	return n
 }
@@ -142,6 +151,9 @@ func (h *Header) AppendTo(b []byte) []byte {
 	}
 	if bits&hasFail != 0 {
 		b = wire.AppendString(b, h.Fail)
+	}
+	if bits&hasDelta != 0 {
+		b = h.Delta.appendTo(b)
 	}
 	return b
 }
@@ -173,14 +185,68 @@ func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	if bits&hasFail != 0 {
 		h.Fail = r.String(maxFail, "GMS refusal")
 	}
+	if bits&hasDelta != 0 {
+		h.Delta = readDelta(r)
+	}
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
 	h.State = bits&flagState != 0
-	if bits >= flagState<<1 {
-		return nil, fmt.Errorf("%w: GMS field bits %#x", stack.ErrMalformed, bits)
-	}
 	return h, nil
+}
+
+// Delta is a view sent as its change from the view before it (JGroups'
+// DeltaView): the members of Prev without Left, then Joined, in order.
+type Delta struct {
+	ID, Prev     stack.ViewID
+	Joined, Left []stack.Address
+}
+
+// maxDeltaMembers bounds the addresses of a delta on the wire (as a view's).
+const maxDeltaMembers = 1 << 16
+
+func (d *Delta) size() int {
+	return stack.ViewIDSize(d.ID) + stack.ViewIDSize(d.Prev) +
+		wire.UvarintSize(uint64(len(d.Joined))) + wire.UvarintSize(uint64(len(d.Left))) +
+		(len(d.Joined)+len(d.Left))*stack.AddressSize
+}
+
+func (d *Delta) appendTo(b []byte) []byte {
+	b = stack.AppendViewID(b, d.ID)
+	b = stack.AppendViewID(b, d.Prev)
+	for _, as := range [][]stack.Address{d.Joined, d.Left} {
+		b = wire.AppendUvarint(b, uint64(len(as)))
+		for _, a := range as {
+			b = stack.AppendAddress(b, a)
+		}
+	}
+	return b
+}
+
+func readDelta(r *wire.Reader) *Delta {
+	d := &Delta{ID: stack.ReadViewID(r), Prev: stack.ReadViewID(r)}
+	for _, as := range []*[]stack.Address{&d.Joined, &d.Left} {
+		n := r.Uvarint()
+		if r.Err() != nil {
+			return nil
+		}
+		if n > maxDeltaMembers || n*stack.AddressSize > uint64(r.Len()) {
+			r.Fail("delta view member count %d too large", n)
+			return nil
+		}
+		if n == 0 {
+			continue
+		}
+		*as = make([]stack.Address, n)
+		for i := range *as {
+			(*as)[i] = stack.ReadAddress(r)
+		}
+	}
+	return d
+}
+
+func (d *Delta) String() string {
+	return fmt.Sprintf("%s after %s: +%v -%v", d.ID, d.Prev, d.Joined, d.Left)
 }
 
 func sampleHeaders() []stack.Header {
@@ -196,7 +262,10 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeJoinRsp, View: v, Digest: stack.Digest{}},
 		&Header{Type: typeJoinRsp, Coord: b, Fail: "not the coordinator"},
 		&Header{Type: typeView, View: v},
+		&Header{Type: typeView, Delta: &Delta{ID: stack.ViewID{Creator: a, Seq: 5}, Prev: v.ID, Joined: []stack.Address{stack.NewAddress()}, Left: []stack.Address{b}}},
+		&Header{Type: typeView, Delta: &Delta{ID: stack.ViewID{Creator: a, Seq: 5}, Prev: v.ID}},
 		&Header{Type: typeViewAck, ViewID: v.ID},
+		&Header{Type: typeGetView, ViewID: v.ID},
 		&Header{Type: typeLeaveReq},
 		&Header{Type: typeLeaveReq, Fail: declinedJoin, ViewID: v.ID},
 		&Header{Type: typeLeaveRsp},

@@ -352,3 +352,68 @@ func (a *viewAcks) tick(now time.Time) (missing []stack.Address, giveUp bool) {
 	}
 	return slices.SortedFunc(maps.Keys(a.missing), stack.Address.Compare), expired
 }
+
+// makeDelta returns view nv as its change from prev, the view every member
+// that stays holds (nil: send nv in full). It is nil for a merge view, for
+// a first view, when the delta would not apply to prev as nv (members
+// reordered), or when it would not be smaller than nv.
+func makeDelta(prev, nv *stack.View) *Delta {
+	if prev == nil || nv.IsMerge() {
+		return nil
+	}
+	in := make(map[stack.Address]bool, len(nv.Members))
+	for _, m := range nv.Members {
+		in[m] = true
+	}
+	was := make(map[stack.Address]bool, len(prev.Members))
+	d := &Delta{ID: nv.ID, Prev: prev.ID}
+	for _, m := range prev.Members {
+		was[m] = true
+		if !in[m] {
+			d.Left = append(d.Left, m)
+		}
+	}
+	for _, m := range nv.Members {
+		if !was[m] {
+			d.Joined = append(d.Joined, m)
+		}
+	}
+	if got := d.apply(prev); got == nil || !slices.Equal(got.Members, nv.Members) || d.size() >= stack.ViewSize(nv) {
+		return nil
+	}
+	return d
+}
+
+// apply returns the view d makes of cur, or nil if d does not apply to it:
+// cur is not the view d follows, or d's members do not fit cur's (it
+// leaves members cur lacks, or brings in members cur has).
+func (d *Delta) apply(cur *stack.View) *stack.View {
+	if cur == nil || cur.ID != d.Prev {
+		return nil
+	}
+	left := make(map[stack.Address]bool, len(d.Left))
+	for _, a := range d.Left {
+		if !cur.Contains(a) {
+			return nil
+		}
+		left[a] = true
+	}
+	members := make([]stack.Address, 0, len(cur.Members)-len(d.Left)+len(d.Joined))
+	for _, m := range cur.Members {
+		if !left[m] {
+			members = append(members, m)
+		}
+	}
+	seen := make(map[stack.Address]bool, len(members)+len(d.Joined))
+	for _, m := range members {
+		seen[m] = true
+	}
+	for _, a := range d.Joined {
+		if seen[a] {
+			return nil
+		}
+		seen[a] = true
+		members = append(members, a)
+	}
+	return stack.NewView(d.ID.Creator, d.ID.Seq, members...)
+}

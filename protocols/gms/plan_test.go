@@ -264,3 +264,51 @@ func TestOnJoinRsp(t *testing.T) {
 		})
 	}
 }
+
+// TestDeltaOfAJoinIsTheSizeOfTheChange: in a group of 64, the view after
+// one join and one leave goes as a delta of two addresses and two view
+// ids, whatever the group's size, and it makes exactly the new view of the
+// previous one and of no other view. A delta is not used where it would
+// mislead or not pay: a merge view, a first view, a reordered view, or a
+// delta no smaller than the view.
+func TestDeltaOfAJoinIsTheSizeOfTheChange(t *testing.T) {
+	members := make([]stack.Address, 64)
+	for i := range members {
+		members[i] = stack.NewAddress()
+	}
+	j := stack.NewAddress()
+	prev := stack.NewView(members[0], 70, members...)
+	nv := stack.NewView(members[0], 71, append(slices.Clone(members[:10]), append(slices.Clone(members[11:]), j)...)...)
+
+	d := makeDelta(prev, nv)
+	require.NotNil(t, d)
+	require.Equal(t, &Delta{ID: nv.ID, Prev: prev.ID, Joined: []stack.Address{j}, Left: []stack.Address{members[10]}}, d)
+	h := &Header{Type: typeView, Delta: d}
+	full := &Header{Type: typeView, View: nv}
+	require.LessOrEqual(t, h.Size(), 2+2*stack.ViewIDSize(nv.ID)+2+2*stack.AddressSize, "the delta holds the two view ids and the two addresses that changed")
+	require.Greater(t, full.Size(), 64*stack.AddressSize, "the full view holds every member")
+	t.Logf("VIEW of 64 members after one join and one leave: %d bytes as a delta, %d in full", h.Size(), full.Size())
+
+	// On the wire and back.
+	dh, err := stack.DecodeHeader(stack.IDGMS, h.AppendTo(nil))
+	require.NoError(t, err)
+	require.Equal(t, h, dh)
+
+	got := d.apply(prev)
+	require.Equal(t, nv, got, "applied to the previous view, the delta is the new view")
+	require.Nil(t, d.apply(nv), "not to the new view")
+	require.Nil(t, d.apply(stack.NewView(members[0], 69, members...)), "not to an older view")
+	require.Nil(t, d.apply(stack.NewView(members[1], 70, members...)), "not to another creator's view of the same number")
+	require.Nil(t, d.apply(nil))
+	require.Nil(t, (&Delta{ID: nv.ID, Prev: prev.ID, Left: []stack.Address{j}}).apply(prev), "a delta that leaves a member the view lacks")
+	require.Nil(t, (&Delta{ID: nv.ID, Prev: prev.ID, Joined: []stack.Address{members[3]}}).apply(prev), "a delta that brings in a member the view has")
+
+	require.Nil(t, makeDelta(nil, nv), "a first view goes in full")
+	mv := stack.NewMergeView(members[0], 71, members, []*stack.View{prev})
+	require.Nil(t, makeDelta(prev, mv), "a merge view goes in full, with its digest")
+	reordered := slices.Clone(members)
+	reordered[1], reordered[2] = reordered[2], reordered[1]
+	require.Nil(t, makeDelta(prev, stack.NewView(members[0], 71, reordered...)), "members reordered: a delta would not make the view")
+	small := stack.NewView(members[0], 5, members[:2]...)
+	require.Nil(t, makeDelta(small, stack.NewView(members[0], 6, members[0], j)), "a delta no smaller than the view")
+}

@@ -65,7 +65,32 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		default:
 		}
 	case typeView:
+		if h.Delta != nil {
+			g.handleDelta(src, h.Delta)
+			return
+		}
 		g.handleView(src, h.View, nil)
+	case typeGetView:
+		// A member lacks the view a delta of this member's applies to:
+		// it gets the view in full (the current one, or the last this
+		// member announced if that is newer: a leaving coordinator does
+		// not install its last view).
+		g.mu.Lock()
+		v := g.view
+		if a := g.announced; a != nil && (v == nil || a.ID.Compare(v.ID) > 0) {
+			v = a
+		}
+		var rsp *Header
+		if v != nil && v.ID.Compare(h.ViewID) >= 0 {
+			rsp = g.fullViewLocked(v)
+		}
+		g.mu.Unlock()
+		if rsp == nil {
+			g.count.msgsIgnored.Add(1)
+			return
+		}
+		g.count.viewsResent.Add(1)
+		g.send(src, rsp)
 	case typeInstallView:
 		g.handleView(src, h.View, h.Digest)
 	case typeViewAck:
@@ -123,6 +148,39 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		g.mu.Unlock()
 		g.kick()
 	}
+}
+
+// handleDelta takes a view sent as a delta: applied to the view this
+// member holds, it is the new view; if this member lacks the view the delta
+// follows (it missed a view), it asks the sender for the new one in full.
+// A joiner ignores it: its view comes with its join answer. What is made
+// of a delta goes through the same checks as a view sent in full.
+func (g *GMS) handleDelta(src stack.Address, d *Delta) {
+	if src == g.LocalAddress() {
+		return // this coordinator's own view: installed when it was sent
+	}
+	g.mu.Lock()
+	cur := g.view
+	g.mu.Unlock()
+	if cur == nil || !cur.Contains(src) {
+		// Joining, or from a member with no say in this member's view
+		// (forged or stray; a coordinator this member does not know
+		// sends the view again in full if it is real).
+		g.count.msgsIgnored.Add(1)
+		return
+	}
+	v := d.apply(cur)
+	if v == nil {
+		if d.ID.Compare(cur.ID) <= 0 {
+			return // not newer than this member's view
+		}
+		g.count.deltasMissed.Add(1)
+		g.Log().Debug("gms: a delta view for a view this member does not hold; asking for it in full", "view", d.ID, "after", d.Prev, "have", cur.ID, "from", src)
+		g.send(src, &Header{Type: typeGetView, ViewID: d.ID})
+		return
+	}
+	g.count.deltasApplied.Add(1)
+	g.handleView(src, v, nil)
 }
 
 func (g *GMS) handleView(src stack.Address, v *stack.View, d stack.Digest) {
@@ -224,18 +282,10 @@ func (g *GMS) UpEvent(ev stack.Event) (stack.Answer, error) {
 			return stack.Answer{}, nil
 		}
 		// Members that missed a view get the current one by unicast
-		// (reliable); a view this coordinator never installed is overtaken
-		// by a new one above it.
-		// A merge view goes again with the digest it came with: a member
-		// that missed it must start the other subgroups' senders where the
-		// others did, not at seqno 0, or it waits for ever for messages
-		// purged long ago. Any other view goes as it went, bare: its new
-		// members are joiners, whose messages start at seqno 1.
+		// (reliable), in full (fullViewLocked); a view this coordinator
+		// never installed is overtaken by a new one above it.
 		g.mu.Lock()
-		h := &Header{Type: typeView, View: v}
-		if g.viewDigestID == v.ID {
-			h = &Header{Type: typeInstallView, View: v, Digest: g.viewDigest}
-		}
+		h := g.fullViewLocked(v)
 		g.mu.Unlock()
 		for _, a := range e.Behind {
 			if v.Contains(a) && a != g.LocalAddress() {
@@ -249,6 +299,19 @@ func (g *GMS) UpEvent(ev stack.Event) (stack.Answer, error) {
 		return stack.Answer{}, nil
 	}
 	return g.PassUpEvent(ev)
+}
+
+// fullViewLocked returns the message that sends view v in full to a member
+// that missed it; callers hold g.mu. A merge view goes with the digest it
+// came with: a member that missed it must start the other subgroups'
+// senders where the others did, not at seqno 0, or it waits for ever for
+// messages purged long ago. Any other view goes bare: its new members are
+// joiners, whose messages start at seqno 1.
+func (g *GMS) fullViewLocked(v *stack.View) *Header {
+	if g.viewDigestID == v.ID {
+		return &Header{Type: typeInstallView, View: v, Digest: g.viewDigest}
+	}
+	return &Header{Type: typeView, View: v}
 }
 
 func (g *GMS) suspect(as []stack.Address) {

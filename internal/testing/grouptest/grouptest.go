@@ -137,11 +137,15 @@ func (l *Lab) Add() *Member {
 		level = slog.LevelDebug // a failing test's log tells the whole story
 	}
 	logger := slog.New(slog.NewTextHandler(m.Log, &slog.HandlerOptions{Level: level}))
-	ch, err := stack.New(stack.FromProtocols(protos...), stack.WithName(stacktest.Names[i]), stack.WithReceiver(recv), stack.WithLogger(logger))
+	name := fmt.Sprint("M", i)
+	if i < len(stacktest.Names) {
+		name = stacktest.Names[i]
+	}
+	ch, err := stack.New(stack.FromProtocols(protos...), stack.WithName(name), stack.WithReceiver(recv), stack.WithLogger(logger))
 	require.NoError(l.T, err)
 	l.T.Cleanup(func() {
 		if l.T.Failed() {
-			l.T.Logf("log of %s (%s):\n%s", stacktest.Names[i], ch.Address(), m.Log.String())
+			l.T.Logf("log of %s (%s):\n%s", name, ch.Address(), m.Log.String())
 		}
 	})
 	l.T.Cleanup(func() { _ = ch.Close() })
