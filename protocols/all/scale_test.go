@@ -141,6 +141,22 @@ func (tr *traffic) since(s snapshot) cost {
 	return c
 }
 
+// byClass lists the traffic since s by protocol.
+func (tr *traffic) byClass(s snapshot) string {
+	now := tr.snap()
+	var b strings.Builder
+	for i := range now.msgs {
+		if m := now.msgs[i] - s.msgs[i]; m > 0 {
+			name := "app"
+			if i > 0 {
+				name = stack.HeaderIDs()[uint16(i)]
+			}
+			fmt.Fprintf(&b, "%s %d %d %d; ", name, m, now.bytes[i]-s.bytes[i], now.dlv[i]-s.dlv[i])
+		}
+	}
+	return b.String()
+}
+
 // per divides c by n (joins).
 func (c cost) per(n int) cost {
 	return cost{c.msgs / int64(n), c.bytes / int64(n), c.dlv / int64(n)}
@@ -274,14 +290,17 @@ func runScale(t *testing.T, n int) string {
 	var joinTime time.Duration
 	s0 := tr.snap()
 	var last cost
+	var lastSnap snapshot
 	for i := range seq {
 		sl := tr.snap()
+		lastSnap = sl
 		start := time.Now()
 		require.NoError(t, g.add().Connect(ctx, "scale"), "member %d joins", i)
 		joinTime = g.converge(start, bound, g.alive(), fmt.Sprintf("join of member %d", i))
 		last = tr.since(sl)
 	}
 	seqCost := tr.since(s0).per(seq)
+	t.Logf("N=%d: the last sequential join by protocol (packets, bytes sent, bytes delivered): %s", n, tr.byClass(lastSnap))
 
 	// burst members connect at once.
 	s1 := tr.snap()

@@ -28,6 +28,9 @@ type Config struct {
 	Timeout      time.Duration `toml:"timeout" doc:"how long a discovery round collects answers (GMS may ask for another)"`
 	BreakOnCoord bool          `toml:"break_on_coord_rsp" doc:"end a discovery round as soon as a coordinator answers"`
 	Runs         int           `toml:"num_discovery_runs" doc:"requests sent per round, spread over timeout (more survive loss)"`
+	// MaxRankToReply is JGroups' max_rank_to_reply: in a large group a
+	// joiner needs the coordinator's answer, not one from every member.
+	MaxRankToReply int `toml:"max_rank_to_reply" doc:"in a view, only the members ranked below this answer a discovery request (rank 0: the coordinator); members without a view, and the member a WHO_HAS names, always answer (0: every member answers)"`
 }
 
 // DefaultConfig returns PING's defaults.
@@ -42,6 +45,8 @@ func (c *Config) Validate() error {
 		return stack.BadKey("timeout", "must be > 0, got %s", c.Timeout)
 	case c.Runs < 1 || c.Runs > 100:
 		return stack.BadKey("num_discovery_runs", "must be 1..100, got %d", c.Runs)
+	case c.MaxRankToReply < 0:
+		return stack.BadKey("max_rank_to_reply", "must be >= 0 (0: every member answers), got %d", c.MaxRankToReply)
 	}
 	return nil
 }
@@ -152,6 +157,7 @@ type Discovery struct {
 	reqSent     atomic.Int64 `stat:"requests_sent"`
 	reqRecv     atomic.Int64 `stat:"requests_received"`
 	rspSent     atomic.Int64 `stat:"responses_sent"`
+	rspSkipped  atomic.Int64 `stat:"requests_left_to_lower_ranks"`
 	rspRecv     atomic.Int64 `stat:"responses_received"`
 	whoHas      atomic.Int64 `stat:"who_has_requests"`
 	sendErrors  atomic.Int64 `stat:"send_errors"`
@@ -345,6 +351,10 @@ func (d *Discovery) handle(m *stack.Message, h *Header) {
 		if !h.Target.IsZero() && h.Target != d.LocalAddress() {
 			return
 		}
+		if h.Target.IsZero() && !d.answers() {
+			d.rspSkipped.Add(1)
+			return
+		}
 		d.rspSent.Add(1)
 		d.send(src, &Header{Type: typeResponse, Info: d.self()})
 	case typeResponse:
@@ -355,6 +365,22 @@ func (d *Discovery) handle(m *stack.Message, h *Header) {
 		}
 		d.mu.Unlock()
 	}
+}
+
+// answers reports whether this member answers a request to all: with
+// max_rank_to_reply, a member of a view only if its rank in the view is
+// below it, so that a joiner of a large group gets a few answers, the
+// coordinator's first among them, instead of one from every member.
+func (d *Discovery) answers() bool {
+	if d.cfg.MaxRankToReply <= 0 {
+		return true
+	}
+	v := d.View()
+	if v == nil {
+		return true // joining: members that start at once must find each other
+	}
+	rank := v.Index(d.LocalAddress())
+	return rank < 0 || rank < d.cfg.MaxRankToReply
 }
 
 func (r *round) add(mi stack.MemberInfo) {

@@ -243,3 +243,52 @@ func TestAnswerGoesWhereTheRequestCameFrom(t *testing.T) {
 	_, _, err = victim.ReadFromUDPAddrPort(buf)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing was sent to the victim")
 }
+
+// TestOnlyTheLowestRanksAnswerInALargeGroup: with max_rank_to_reply = 3,
+// a discovery request to a view of twelve is answered by the coordinator
+// and the next two members only, not by all eleven others; the member a
+// WHO_HAS names answers whatever its rank, and members without a view
+// (joining, as when many start at once) answer too.
+func TestOnlyTheLowestRanksAnswerInALargeGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 12
+		cfg := ping.DefaultConfig()
+		cfg.MaxRankToReply = 3
+		cfg.Runs = 1 // one request per round
+		ds := make([]*ping.Discovery, n+1)
+		c := stacktest.StartSIM(t, n, 1, func(i int) []stack.Protocol {
+			ds[i] = ping.New(cfg)
+			return []stack.Protocol{ds[i]}
+		})
+		a := c.Addresses()
+		v := c.Channels[0].View()
+		require.Equal(t, a, v.Members)
+
+		found := ds[n-1].FindMembers(context.Background(), 0, false)
+		var got []stack.Address
+		for _, mi := range found {
+			got = append(got, mi.Addr)
+		}
+		slices.SortFunc(got, func(x, y stack.Address) int { return v.Index(x) - v.Index(y) })
+		require.Equal(t, a[:3], got, "the three lowest ranks answer, the coordinator first among them")
+		for i := 3; i < n-1; i++ {
+			require.EqualValues(t, 1, stacktest.Stat(t, ds[i], "requests_left_to_lower_ranks"), "member %d", i)
+		}
+
+		_, err := ds[n-1].UpEvent(stack.EvWhoHas{Member: a[7]})
+		require.NoError(t, err)
+		stacktest.WaitFor(t, time.Second, func() bool { return stacktest.Stat(t, ds[7], "responses_sent") == 1 }, "the member a WHO_HAS names answers")
+
+		// A member without a view answers too.
+		cfg.MaxRankToReply = 1
+		simCfg := sim.DefaultConfig()
+		simCfg.Network = c.Net.Name()
+		ds[n] = ping.New(cfg)
+		joiner, err := stack.New(stack.FromProtocols(sim.New(simCfg), ds[n]), stack.WithName("joiner"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = joiner.Close() })
+		require.NoError(t, joiner.Connect(context.Background(), "test"))
+		found = ds[n-1].FindMembers(context.Background(), 0, false)
+		require.Len(t, found, 4, "the three lowest ranks, and the member without a view")
+	})
+}
