@@ -73,12 +73,13 @@ func TestScale(t *testing.T) {
 
 // scaleHeader heads the rows: per join (the sequential ones on average,
 // the last of them, and those of the burst) the packets sent, their bytes
-// (a multicast once) and the bytes delivered (a multicast once per
-// receiver); views: how many views the burst took; STABLE's and the
+// (a multicast once), the bytes delivered (a multicast once per receiver)
+// and of those GMS's and PING's (gms+ping); views: how many views the
+// burst took; STABLE's and the
 // application's bytes sent per second under the load, and STABLE's share;
 // the virtual seconds from each event to one view (join: the last
 // sequential one); the live heap per member; the wall time of the run.
-const scaleHeader = "    N | per join: pkts     bytes  delivered | last join:  pkts     bytes  delivered | burst:  pkts     bytes  delivered views |" +
+const scaleHeader = "    N | per join: pkts    bytes delivered  gms+ping | last join: pkts bytes delivered gms+ping | burst: pkts bytes delivered gms+ping views |" +
 	" STABLE B/s app B/s  share | to one view (s): join burst crash coord merge leave |  heap/member | wall"
 
 // traffic counts the packets on the network by the protocol they belong
@@ -126,8 +127,11 @@ func (tr *traffic) snap() snapshot {
 	return s
 }
 
-// cost is traffic over a stretch of a run.
-type cost struct{ msgs, bytes, dlv int64 }
+// cost is traffic over a stretch of a run: packets, bytes sent and
+// delivered, and the bytes of GMS and discovery delivered (the join's own
+// traffic, without the periodic traffic of the other protocols that falls
+// into the stretch).
+type cost struct{ msgs, bytes, dlv, join int64 }
 
 // since returns the traffic of every class since s.
 func (tr *traffic) since(s snapshot) cost {
@@ -137,6 +141,9 @@ func (tr *traffic) since(s snapshot) cost {
 		c.msgs += now.msgs[i] - s.msgs[i]
 		c.bytes += now.bytes[i] - s.bytes[i]
 		c.dlv += now.dlv[i] - s.dlv[i]
+	}
+	for _, id := range []uint16{stack.IDGMS, stack.IDPING} {
+		c.join += now.dlv[id] - s.dlv[id]
 	}
 	return c
 }
@@ -159,10 +166,10 @@ func (tr *traffic) byClass(s snapshot) string {
 
 // per divides c by n (joins).
 func (c cost) per(n int) cost {
-	return cost{c.msgs / int64(n), c.bytes / int64(n), c.dlv / int64(n)}
+	return cost{c.msgs / int64(n), c.bytes / int64(n), c.dlv / int64(n), c.join / int64(n)}
 }
 
-func (c cost) String() string { return fmt.Sprintf("%6d %9d %10d", c.msgs, c.bytes, c.dlv) }
+func (c cost) String() string { return fmt.Sprintf("%5d %8d %9d %9d", c.msgs, c.bytes, c.dlv, c.join) }
 
 // sinceOf returns the bytes of class id since s.
 func (tr *traffic) sinceOf(s snapshot, id uint16) int64 {
