@@ -830,6 +830,7 @@ func TestMemberThatMissedAViewInstallsTheRightOneFromADelta(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := grouptest.New(t, 1)
 		ms := l.Start(5)
+		synctest.Wait() // the last acknowledgements of the start are in: the coordinator waits for none
 		a, b, c, d, e := ms[0], ms[1], ms[2], ms[3], ms[4]
 		v := a.Ch.View()
 		stat := func(m *grouptest.Member, name string) int64 { return stacktest.Stat(t, m.GMS, name) }
@@ -854,7 +855,7 @@ func TestMemberThatMissedAViewInstallsTheRightOneFromADelta(t *testing.T) {
 		require.EqualValues(t, 1, stat(d, "delta_views_without_previous"))
 		require.Equal(t, applied[d], stat(d, "delta_views_applied"))
 		for _, m := range []*grouptest.Member{b, c} {
-			require.Equal(t, want, m.Ch.View())
+			require.Equal(t, want, m.Ch.View(), "applied %d->%d missed %d ignored %d", applied[m], stat(m, "delta_views_applied"), stat(m, "delta_views_without_previous"), stat(m, "messages_ignored"))
 			require.Equal(t, applied[m]+1, stat(m, "delta_views_applied"))
 		}
 		grouptest.CheckViewHistories(t, []*grouptest.Member{a, b, c, d, j})
