@@ -74,14 +74,16 @@ func (g *GMS) handle(src stack.Address, h *Header) {
 		// A member lacks the view a delta of this member's applies to:
 		// it gets the view in full (the current one, or the last this
 		// member announced if that is newer: a leaving coordinator does
-		// not install its last view).
+		// not install its last view). Only a member of that view: one it
+		// leaves out gets it again with the others that did not
+		// acknowledge it, and an outsider gets nothing.
 		g.mu.Lock()
 		v := g.view
 		if a := g.announced; a != nil && (v == nil || a.ID.Compare(v.ID) > 0) {
 			v = a
 		}
 		var rsp *Header
-		if v != nil && v.ID.Compare(h.ViewID) >= 0 {
+		if v != nil && v.ID.Compare(h.ViewID) >= 0 && v.Contains(src) {
 			rsp = g.fullViewLocked(v)
 		}
 		g.mu.Unlock()
