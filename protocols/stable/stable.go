@@ -8,15 +8,18 @@
 // coordinator only, which multicasts the result (STABILITY): a round costs
 // N-1 unicasts and one multicast, and each member handles one message, not
 // N digests of N entries. A vote carries only the entries that changed
-// since this member's last vote, and every wholeEvery votes the whole
-// digest, so a lost vote costs a later purge, never a wrong one.
-// Announcements likewise carry what changed, and every wholeEvery rounds
-// everything. Votes and announcements go in parts of at most maxEntries entries,
-// so neither has to fit one datagram however large the view.
+// since this member's last vote to the same coordinator; votes are
+// reliable unicasts, so none is lost while the coordinator lives, and
+// every wholeVoteEvery votes one is whole anyway. Announcements are
+// unreliable multicasts that carry what changed, and everything every
+// wholeEvery rounds: a lost one costs a later purge, never a wrong one.
+// Votes and announcements go in parts of at most maxEntries entries, so
+// neither has to fit one datagram however large the view.
 package stable
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +76,12 @@ var maxEntries = 1000
 // wholeEvery is how often, in rounds, the coordinator announces every
 // sender's stable seqno rather than only those that changed.
 const wholeEvery = 10
+
+// wholeVoteEvery is how often, in votes, a member sends its whole digest
+// though its votes are reliable: a backstop, should one be lost anyway
+// (a connection closed under it). Whole votes cost N entries from each of
+// N members, so they must be rare in a large group.
+const wholeVoteEvery = 100
 
 // The types of STABLE messages.
 const (
@@ -181,9 +190,8 @@ func (s *STABLE) Start() error {
 func (s *STABLE) Gossip() { s.vote(true) }
 
 // vote sends this member's digest to the coordinator: whole, or only the
-// entries that changed since its last vote of this view. Every wholeEvery
-// votes one is whole anyway: a member whose vote was lost holds up purging
-// for a few rounds, not for as long as a sender stays silent.
+// entries that changed since its last vote to this coordinator. Every
+// wholeVoteEvery votes one is whole anyway.
 func (s *STABLE) vote(whole bool) {
 	s.mu.Lock()
 	v := s.view
@@ -207,7 +215,7 @@ func (s *STABLE) vote(whole bool) {
 		return
 	}
 	send := d
-	if s.sinceVote++; s.sinceVote >= wholeEvery {
+	if s.sinceVote++; s.sinceVote >= wholeVoteEvery {
 		whole = true
 	}
 	if whole || s.voted == nil {
@@ -245,8 +253,13 @@ func split(d stack.Digest) []stack.Digest {
 	return append(parts, d)
 }
 
+// send sends a vote (a reliable unicast to the coordinator) or an
+// announcement (an unreliable multicast).
 func (s *STABLE) send(dest stack.Address, h *Header) {
-	m := stack.NewMessage(dest, nil).Set(stack.Internal | stack.NoReliability)
+	m := stack.NewMessage(dest, nil).Set(stack.Internal)
+	if dest.IsZero() {
+		m.Set(stack.NoReliability)
+	}
 	m.PutHeader(s.ID(), h)
 	_ = s.PassDown(s.Context(), m)
 }
@@ -386,15 +399,36 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	}
 }
 
-// DownEvent tracks the view; a new view starts every vote and row afresh.
+// DownEvent tracks the view. A new round starts with each view. Under the
+// same coordinator, what was voted and announced stays for the members and
+// senders in both views: a member's reliable-multicast table for a sender
+// lives as long as the sender stays in its view, so its delivered seqno
+// for that sender only grows, and the first votes of a view need not be
+// whole (in a large group those cost N entries from each of N members at
+// every join). A new coordinator starts afresh.
 func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, error) {
 	if vc, ok := ev.(stack.EvViewChange); ok {
 		if v := vc.View; v != nil {
 			s.mu.Lock()
+			old := s.view
 			s.view = v
-			s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0
-			clear(s.rows)
 			clear(s.round)
+			if old == nil || len(old.Members) == 0 || len(v.Members) == 0 || old.Members[0] != v.Members[0] {
+				s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0
+				clear(s.rows)
+			} else {
+				in := make(map[stack.Address]bool, len(v.Members))
+				for _, m := range v.Members {
+					in[m] = true
+				}
+				gone := func(a stack.Address, _ uint64) bool { return !in[a] }
+				maps.DeleteFunc(s.voted, gone)
+				maps.DeleteFunc(s.told, gone)
+				maps.DeleteFunc(s.rows, func(m stack.Address, row map[stack.Address]uint64) bool {
+					maps.DeleteFunc(row, gone)
+					return !in[m]
+				})
+			}
 			s.mu.Unlock()
 		}
 	}

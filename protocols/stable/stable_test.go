@@ -210,3 +210,48 @@ func TestVotesAndAnnouncementsGoInParts(t *testing.T) {
 		require.Positive(t, parts, "some votes and announcements went in more than one part")
 	})
 }
+
+// TestFirstVotesOfANewViewAreDeltasUnderTheSameCoordinator: a view change
+// that keeps the coordinator (here E leaves) does not make every member's
+// next vote whole: each member's table for a sender that stays lives on,
+// so what it voted stays valid. In a group of N, whole first votes cost N
+// entries from each of N members at every join or leave.
+func TestFirstVotesOfANewViewAreDeltasUnderTheSameCoordinator(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1000, time.Hour) // votes by max_bytes only
+		a := g.c.Channels[0]
+		send := func(from, to int) {
+			for round := from; round < to; round++ {
+				for s := range 10 {
+					require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, round*10+s, 100))))
+				}
+				synctest.Wait()
+			}
+		}
+		send(0, 3)
+		v := a.View()
+		smaller := stack.NewView(v.ID.Creator, v.ID.Seq+1, v.Members[:n-1]...)
+		stacktest.InjectView(t, smaller, g.c.Channels[:n-1]...)
+		before, _ := g.spy[0].all()
+		send(3, 6)
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			for _, nk := range g.naks[:n-1] {
+				if stacktest.Stat(t, nk, "msgs_held") != 0 {
+					return false
+				}
+			}
+			return true
+		}, "the four purge everything")
+		after, _ := g.spy[0].all()
+		votes := 0
+		for _, h := range after[len(before):] {
+			if h.Type != stable.TypeVote || h.ViewID != smaller.ID {
+				continue
+			}
+			votes++
+			require.LessOrEqual(t, len(h.Digest), 1, "a vote after the view change carries only A's entry, which changed")
+		}
+		require.Positive(t, votes)
+	})
+}
