@@ -183,7 +183,9 @@ func (t *TransportBase) SetMaxQueued(n Size) { t.st.lanes.maxBytes.Store(int64(n
 // the network address the datagram came from (zero on a transport without
 // network addresses); every message gets it as From. It returns the
 // bundle's preamble and whether the bundle was accepted, so a transport can
-// learn the sender's physical address.
+// learn the sender's physical address. When it was not, no message was
+// delivered and nothing refers to data any more: the transport may read
+// its next datagram into the same bytes.
 func (t *TransportBase) Receive(data []byte, from netip.AddrPort) (BundleHeader, bool) {
 	cluster := t.st.Cluster()
 	if cluster == "" {

@@ -229,11 +229,19 @@ func (u *UDP) Stop() {
 
 func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 	msgs := make([]ipv4.Message, u.cfg.BatchSize)
+	bufs := make([][]byte, u.cfg.BatchSize)
 	for i := range msgs {
-		msgs[i].Buffers = [][]byte{make([]byte, maxDatagram+1)}
+		msgs[i].Buffers = bufs[i : i+1 : i+1]
 	}
+	// The messages decoded from a datagram alias the arena's chunk, which
+	// is read into again only once nothing refers into it (see
+	// transport.RecvArena): no copy per datagram, and whatever a layer
+	// keeps stays intact. Up to 16 datagrams of the largest size fit in a
+	// chunk, so up to 16 per recvmmsg when they are large.
+	arena := transport.NewRecvArena(maxDatagram + 1)
 	for {
-		n, err := pc.ReadBatch(msgs, 0)
+		k := arena.Slots(bufs)
+		n, err := pc.ReadBatch(msgs[:k], 0)
 		if err != nil {
 			select {
 			case <-done:
@@ -256,8 +264,9 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 			if ua, ok := m.Addr.(*net.UDPAddr); ok {
 				from = ua.AddrPort()
 			}
-			// The read buffers are reused; the messages alias this copy.
-			u.handleDatagram(append(make([]byte, 0, m.N), m.Buffers[0][:m.N]...), from)
+			if !u.handleDatagram(arena.Take(i, m.N), from) {
+				arena.Drop() // nothing refers to it: read the next one there
+			}
 		}
 	}
 }
@@ -269,8 +278,9 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 // addr_moves_refused); one with an authenticating layer (ENCRYPT) does
 // not learn from preambles at all, and counts the preambles that claim a
 // known member is somewhere else (LearnAddress takes what that layer
-// proved).
-func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
+// proved). It reports whether the stack accepted the bundle; when it did
+// not, nothing refers to pkt any more.
+func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) bool {
 	u.datagramsRecv.Add(1)
 	u.bytesRecv.Add(int64(len(pkt)))
 	if from.IsValid() {
@@ -278,17 +288,18 @@ func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) {
 	}
 	h, ok := u.Receive(pkt, from)
 	if !ok || !from.IsValid() || h.Src.IsZero() || h.Src == u.LocalAddress() || u.cache == nil {
-		return
+		return ok
 	}
 	if u.authenticated {
 		if u.cache.Differs(h.Src, from) {
 			u.unprovenMoves.Add(1)
 		}
-		return
+		return true
 	}
 	if !u.cache.LearnUnlessHeard(h.Src, from, transport.MoveQuiet) {
 		u.refusedMoves.Add(1)
 	}
+	return true
 }
 
 // LearnAddress records that src is at from: the authenticating layer

@@ -1,0 +1,120 @@
+package transport
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// RecvChunkSize is the size of the chunks a RecvArena reads into: 16
+// datagrams of the largest UDP size.
+const RecvChunkSize = 1 << 20
+
+type recvChunk [RecvChunkSize]byte
+
+// freeChunks holds chunks the garbage collector found unreferenced. A
+// sync.Pool, so that chunks nobody asks for again are freed after two
+// collections.
+var freeChunks sync.Pool
+
+// chunksMade counts the chunks allocated (not recycled), for tests.
+var chunksMade atomic.Int64
+
+// recycle is a chunk's finalizer: it runs once nothing refers into the
+// chunk any more (no message, payload or layer), so its bytes are free
+// to be read into again.
+func recycle(c *recvChunk) { freeChunks.Put(c) }
+
+// newChunk returns a recycled chunk or a new one, with the finalizer set
+// that recycles it.
+func newChunk() *recvChunk {
+	c, _ := freeChunks.Get().(*recvChunk)
+	if c == nil {
+		c = new(recvChunk)
+		chunksMade.Add(1)
+	}
+	runtime.SetFinalizer(c, recycle)
+	return c
+}
+
+// RecvArena is where a datagram transport reads: batches of receive slots
+// carved at consecutive offsets of 1 MB chunks, so that the messages
+// decoded from a datagram alias the chunk instead of a copy of it. The
+// arena never reads into a chunk's bytes twice while the chunk is its
+// current one; it moves on to another chunk when the current one is full,
+// and the old one is read into again only after the garbage collector
+// found that nothing refers into it (a finalizer puts it back in a pool).
+// So a layer may keep what it received as long as it likes (NAKACK until
+// stable, UNICAST2 and FRAG until complete, the application) without
+// counting references or copying, and recycled chunks cost neither
+// clearing nor fresh pages from the kernel. What a layer keeps pins its
+// whole chunk.
+//
+// What is not kept costs no space: a datagram the transport dropped
+// (Drop) gives its bytes back, and a short datagram that came after a
+// longer gap (a slot's unused tail) is moved down to close the gap, so a
+// chunk wastes at most as many bytes as it holds.
+//
+// A RecvArena belongs to one reading goroutine.
+type RecvArena struct {
+	slot  int    // room for the largest datagram
+	chunk []byte // the current chunk (len == cap)
+	off   int    // first free byte of chunk
+	base  int    // offset of the first slot handed out by Slots
+	last  int    // offset of the datagram Take returned last
+	taken bool   // Take ran since Slots, so Drop may undo it
+}
+
+// NewRecvArena returns an arena that hands out slots of slot bytes, at
+// most RecvChunkSize.
+func NewRecvArena(slot int) *RecvArena {
+	if slot <= 0 || slot > RecvChunkSize {
+		panic("transport: NewRecvArena: slot size out of range")
+	}
+	return &RecvArena{slot: slot}
+}
+
+// Slots sets bufs[i] to consecutive slots of free space, as many as fit in
+// the current chunk (at least one: a full chunk is left behind for a new
+// one), and returns how many it set. Read into those and call Take for
+// each datagram read, in slot order, before calling Slots again.
+func (a *RecvArena) Slots(bufs [][]byte) int {
+	if len(a.chunk)-a.off < a.slot {
+		a.chunk, a.off = newChunk()[:], 0
+	}
+	n := min(len(bufs), (len(a.chunk)-a.off)/a.slot)
+	for i := range n {
+		lo := a.off + i*a.slot
+		bufs[i] = a.chunk[lo : lo+a.slot : lo+a.slot]
+	}
+	a.base, a.taken = a.off, false
+	return n
+}
+
+// Take returns the datagram of n bytes read into slot i, as a slice whose
+// capacity ends with it (appending to it cannot reach the next datagram).
+// The bytes stay where they are unless the free space before them is
+// larger than they are; then they move down, to close the gap. The
+// returned bytes are the caller's for good, unless Drop gives them back.
+func (a *RecvArena) Take(i, n int) []byte {
+	lo := a.base + i*a.slot
+	if n < 0 || n > a.slot || lo < a.off {
+		panic("transport: RecvArena.Take out of order or out of range")
+	}
+	if gap := lo - a.off; gap > n {
+		copy(a.chunk[a.off:a.off+n], a.chunk[lo:lo+n])
+		lo = a.off
+	}
+	a.last, a.off, a.taken = lo, lo+n, true
+	return a.chunk[lo : lo+n : lo+n]
+}
+
+// Drop gives back the bytes the last Take returned: nothing refers to
+// them (the transport dropped the datagram without decoding messages from
+// it), so the next datagram may be read there.
+func (a *RecvArena) Drop() {
+	if !a.taken {
+		panic("transport: RecvArena.Drop without Take")
+	}
+	a.off, a.taken = a.last, false
+}
