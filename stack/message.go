@@ -405,8 +405,18 @@ func (b *Batch) Add(ms ...*Message) { b.Msgs = append(b.Msgs, ms...) }
 
 // Keep removes every message for which keep returns false, preserving order.
 func (b *Batch) Keep(keep func(*Message) bool) {
-	out := b.Msgs[:0]
-	for _, m := range b.Msgs {
+	// Nothing is written until the first message goes: most batches keep
+	// every message, and each write of a pointer costs a write barrier
+	// while the GC runs.
+	i := 0
+	for i < len(b.Msgs) && keep(b.Msgs[i]) {
+		i++
+	}
+	if i == len(b.Msgs) {
+		return
+	}
+	out := b.Msgs[:i]
+	for _, m := range b.Msgs[i+1:] {
 		if keep(m) {
 			out = append(out, m)
 		}
