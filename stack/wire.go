@@ -94,6 +94,14 @@ func AppendMessage(b []byte, m *Message, bundleSrc Address) []byte {
 // aliases the reader's buffer.
 func ReadMessage(r *wire.Reader, bundleSrc Address) (*Message, error) {
 	m := &Message{}
+	if err := readMessageInto(r, bundleSrc, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// readMessageInto is ReadMessage into m, a zero message.
+func readMessageInto(r *wire.Reader, bundleSrc Address, m *Message) error {
 	m.Flags = Flags(r.Uint16())
 	if m.Flags&^flagsMask != 0 {
 		r.Fail("unknown message flags %#x", uint16(m.Flags&^flagsMask))
@@ -114,20 +122,20 @@ func ReadMessage(r *wire.Reader, bundleSrc Address) (*Message, error) {
 		r.Fail("%d headers on one message", nh)
 	}
 	if err := r.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	for range nh {
 		id := r.Uint16()
 		n := r.Len32(maxHeaderBody, "header")
 		if err := r.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		t, ok := lookupHeader(id)
 		if !ok {
-			return nil, fmt.Errorf("%w: unknown header id %d", ErrMalformed, id)
+			return fmt.Errorf("%w: unknown header id %d", ErrMalformed, id)
 		}
 		if m.Header(id) != nil {
-			return nil, fmt.Errorf("%w: header %s twice", ErrMalformed, t.name)
+			return fmt.Errorf("%w: header %s twice", ErrMalformed, t.name)
 		}
 		// The decoder reads from r itself, limited to the body, so decoding
 		// allocates nothing beyond the header.
@@ -140,7 +148,7 @@ func ReadMessage(r *wire.Reader, bundleSrc Address) (*Message, error) {
 			err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, unread)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("header %s: %w", t.name, err)
+			return fmt.Errorf("header %s: %w", t.name, err)
 		}
 		m.PutHeader(id, h)
 	}
@@ -148,9 +156,9 @@ func ReadMessage(r *wire.Reader, bundleSrc Address) (*Message, error) {
 		m.Payload = p
 	}
 	if err := r.Err(); err != nil {
-		return nil, err
+		return err
 	}
-	return m, nil
+	return nil
 }
 
 // BundleHeader is the preamble of a bundle.
@@ -255,16 +263,26 @@ func DecodeBundle(buf []byte, cluster string) (BundleHeader, []*Message, error) 
 	return h, msgs, err
 }
 
+// msgSlab is how many messages readBundleMessages allocates at once.
+const msgSlab = 64
+
 // readBundleMessages decodes the messages of a bundle whose header r has
 // read.
 func readBundleMessages(r *wire.Reader, h BundleHeader) ([]*Message, error) {
-	msgs := make([]*Message, 0, h.Count)
-	for range h.Count {
-		m, err := ReadMessage(r, h.Src)
-		if err != nil {
+	// The messages are allocated msgSlab at a time, not one by one: a
+	// message a layer keeps keeps the others' structs of its slab too (as
+	// its payload keeps the datagram), and a bundle that claims more
+	// messages than it holds costs at most one slab.
+	msgs := make([]*Message, h.Count)
+	var slab []Message
+	for i := range msgs {
+		if len(slab) == 0 {
+			slab = make([]Message, min(h.Count-i, msgSlab))
+		}
+		if err := readMessageInto(r, h.Src, &slab[0]); err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, m)
+		msgs[i], slab = &slab[0], slab[1:]
 	}
 	if r.Len() != 0 {
 		return nil, fmt.Errorf("%w: %d trailing bytes after bundle", ErrMalformed, r.Len())
