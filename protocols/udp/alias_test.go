@@ -64,8 +64,10 @@ func (k *keeper) ViewAccepted(*stack.View) {}
 // transport reads later datagrams into fresh bytes, and reuses a receive
 // chunk only once nothing refers into it (garbage collections run during
 // the test, so chunks are recycled while messages are kept).
+//
+// Not parallel: it runs for seconds, longer than the leak checks of the
+// parallel tests allow for goroutines of others.
 func TestReceivedPayloadsSurviveLaterDatagrams(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	ms := startMembers(t, 2, "alias", cfg, nil)
 	ks := []*keeper{{}, {}}
