@@ -93,10 +93,17 @@ type FlowControl struct {
 	mcast bool
 	cfg   Config
 
-	mu       sync.Mutex
-	view     *stack.View
-	credits  map[stack.Address]int64 // sender: bytes it may still send to each member
-	changed  chan struct{}           // closed (and replaced) when credits grow or the view changes
+	mu      sync.Mutex
+	view    *stack.View
+	credits map[stack.Address]int64 // sender: bytes it may still send to each member (less spent)
+	// MFC spends without walking credits per message: spent is owed by
+	// every member's entry, and least is the smallest entry while leastOK.
+	// settleLocked applies spent before anything else reads or changes
+	// credits.
+	spent    int64
+	least    int64
+	leastOK  bool
+	changed  chan struct{} // closed (and replaced) when credits grow or the view changes
 	recv     map[stack.Address]*recvState
 	waiting  int  // senders blocked for credits right now
 	recalled bool // a layer above closed its gate: senders do not wait here (EvRecallSenders)
@@ -139,9 +146,31 @@ func (f *FlowControl) Start() error {
 	f.mu.Lock()
 	f.view = nil
 	clear(f.credits)
+	f.spent, f.leastOK = 0, false
 	clear(f.recv)
 	f.mu.Unlock()
 	return nil
+}
+
+// settleLocked applies what MFC spent to every member's credits and
+// finds the smallest again; callers hold f.mu.
+func (f *FlowControl) settleLocked() {
+	if f.spent != 0 {
+		for a := range f.credits {
+			f.credits[a] -= f.spent
+		}
+		f.least -= f.spent
+		f.spent = 0
+	}
+	if f.mcast && !f.leastOK {
+		f.least, f.leastOK = 0, len(f.credits) > 0
+		first := true
+		for _, c := range f.credits {
+			if first || c < f.least {
+				f.least, first = c, false
+			}
+		}
+	}
 }
 
 func (f *FlowControl) minCredits() int64 {
@@ -204,14 +233,19 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 		}
 	}()
 	f.mu.Lock()
+	if f.mcast && f.leastOK && f.least-f.spent >= need {
+		// Every member has enough: the common case, in O(1).
+		f.spent += n
+		f.mu.Unlock()
+		return nil
+	}
 	for {
+		f.settleLocked()
 		short, known := f.lacking(dest, need)
 		if len(short) == 0 {
 			if known {
 				if f.mcast {
-					for a := range f.credits {
-						f.credits[a] -= n
-					}
+					f.spent += n // leastOK: settleLocked found the smallest
 				} else {
 					f.credits[dest] -= n
 				}
@@ -239,6 +273,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 			// Credits may be late, or lost with a connection that was
 			// reset: ask for them.
 			f.mu.Lock()
+			f.settleLocked()
 			short, _ = f.lacking(dest, need)
 			reqs := make([]int64, len(short))
 			for i, a := range short {
@@ -352,8 +387,10 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 	case TypeCredit:
 		f.creditsRecv.Add(1)
 		f.mu.Lock()
+		f.settleLocked()
 		if c, ok := f.credits[src]; ok {
 			f.credits[src] = min(c+int64(min(h.Credits, uint64(f.cfg.MaxCredits))), int64(f.cfg.MaxCredits))
+			f.leastOK = false
 			close(f.changed)
 			f.changed = make(chan struct{})
 		} else {
@@ -426,6 +463,8 @@ func (f *FlowControl) viewChange(v *stack.View) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.view = v
+	f.settleLocked()
+	f.leastOK = false
 	for a := range f.credits {
 		if !v.Contains(a) {
 			delete(f.credits, a)
@@ -456,6 +495,7 @@ func (f *FlowControl) viewChange(v *stack.View) {
 func (f *FlowControl) Credits() map[stack.Address]int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.settleLocked()
 	out := make(map[stack.Address]int64, len(f.credits))
 	for a, c := range f.credits {
 		out[a] = c
@@ -466,6 +506,7 @@ func (f *FlowControl) Credits() map[stack.Address]int64 {
 // Stats reports the layer's counters.
 func (f *FlowControl) Stats() []stack.Stat {
 	f.mu.Lock()
+	f.settleLocked()
 	least := int64(-1)
 	for _, c := range f.credits {
 		if least < 0 || c < least {

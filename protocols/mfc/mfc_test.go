@@ -73,3 +73,45 @@ func TestMulticastWaitsForTheSlowestMemberUntilItLeaves(t *testing.T) {
 		require.Empty(t, c.Recv[1].CheckExactlyOnce([]stack.Address{a.Address()}, 40, true))
 	})
 }
+
+// TestCreditsAreSpentAtEveryMemberExactly checks the accounting of the
+// per-message fast path (credits spent without walking the members): C
+// processes nothing, B returns what it processed at min_threshold, and
+// Credits reports each member's exact balance in between.
+func TestCreditsAreSpentAtEveryMemberExactly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := mfc.DefaultConfig()
+		cfg.MaxCredits = 10_000
+		cfg.MinThreshold = 0.4
+		cfg.MaxBlockTime = time.Minute
+		fcs := make([]*mfc.MFC, 3)
+		c := stacktest.StartSIM(t, 3, 1, func(i int) []stack.Protocol {
+			fcs[i] = mfc.New(cfg)
+			return []stack.Protocol{nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+		})
+		a, b, slow := c.Channels[0], c.Channels[1], c.Channels[2]
+		release := make(chan struct{})
+		defer close(release)
+		c.Recv[2].OnMsg = func(m *stack.Message) {
+			if m.Src == a.Address() {
+				<-release
+			}
+		}
+		for seq := range 5 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, make([]byte, 1000))))
+			synctest.Wait()
+			spent := int64(1000 * (seq + 1))
+			returned := spent / 4000 * 4000 // B returns credits per 4000 bytes processed
+			require.Equal(t, 10_000-spent+returned, fcs[0].Credits()[b.Address()], "B after %d multicasts", seq+1)
+			require.Equal(t, 10_000-spent, fcs[0].Credits()[slow.Address()], "C after %d multicasts", seq+1)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		for range 5 {
+			require.NoError(t, a.Send(ctx, stack.NewMessage(stack.Address{}, make([]byte, 1000))))
+		}
+		err := a.Send(ctx, stack.NewMessage(stack.Address{}, make([]byte, 1)))
+		require.ErrorIs(t, err, context.DeadlineExceeded, "C's credits are spent to the byte")
+		require.Equal(t, int64(0), fcs[0].Credits()[slow.Address()])
+	})
+}
