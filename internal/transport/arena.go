@@ -51,9 +51,11 @@ func newChunk() *recvChunk {
 // whole chunk.
 //
 // What is not kept costs no space: a datagram the transport dropped
-// (Drop) gives its bytes back, and a short datagram that came after a
-// longer gap (a slot's unused tail) is moved down to close the gap, so a
-// chunk wastes at most as many bytes as it holds.
+// (Drop) gives its bytes back, and a short datagram (at most an eighth
+// of a slot) that came after a longer gap (a slot's unused tail) is
+// moved down to close the gap, so that heartbeats and acknowledgements
+// do not pin 64 KB each. Longer datagrams stay where they were read:
+// moving them would cost a copy, the thing the arena is there to avoid.
 //
 // A RecvArena belongs to one reading goroutine.
 type RecvArena struct {
@@ -61,8 +63,8 @@ type RecvArena struct {
 	chunk []byte // the current chunk (len == cap)
 	off   int    // first free byte of chunk
 	base  int    // offset of the first slot handed out by Slots
-	last  int    // offset of the datagram Take returned last
-	taken bool   // Take ran since Slots, so Drop may undo it
+	prev  int    // off before the last Take, for Drop
+	taken bool   // Take ran since Slots or Drop, so Drop may undo it
 }
 
 // NewRecvArena returns an arena that hands out slots of slot bytes, at
@@ -93,19 +95,20 @@ func (a *RecvArena) Slots(bufs [][]byte) int {
 
 // Take returns the datagram of n bytes read into slot i, as a slice whose
 // capacity ends with it (appending to it cannot reach the next datagram).
-// The bytes stay where they are unless the free space before them is
-// larger than they are; then they move down, to close the gap. The
-// returned bytes are the caller's for good, unless Drop gives them back.
+// The bytes stay where they are unless they are short (an eighth of a
+// slot or less) and the free space before them is larger than they are;
+// then they move down, to close the gap. The returned bytes are the
+// caller's for good, unless Drop gives them back.
 func (a *RecvArena) Take(i, n int) []byte {
 	lo := a.base + i*a.slot
 	if n < 0 || n > a.slot || lo < a.off {
 		panic("transport: RecvArena.Take out of order or out of range")
 	}
-	if gap := lo - a.off; gap > n {
+	if gap := lo - a.off; gap > n && n <= a.slot/8 {
 		copy(a.chunk[a.off:a.off+n], a.chunk[lo:lo+n])
 		lo = a.off
 	}
-	a.last, a.off, a.taken = lo, lo+n, true
+	a.prev, a.off, a.taken = a.off, lo+n, true
 	return a.chunk[lo : lo+n : lo+n]
 }
 
@@ -116,5 +119,5 @@ func (a *RecvArena) Drop() {
 	if !a.taken {
 		panic("transport: RecvArena.Drop without Take")
 	}
-	a.off, a.taken = a.last, false
+	a.off, a.taken = a.prev, false
 }

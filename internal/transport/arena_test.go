@@ -83,6 +83,7 @@ func TestRecvArenaKeptDatagramsSurviveLaterReads(t *testing.T) {
 	for _, k := range all {
 		require.True(t, intact(k.b, k.id), "kept datagram %d was overwritten", k.id)
 	}
+	t.Logf("%d chunks for %d bytes kept", chunks, keptBytes)
 	require.LessOrEqual(t, chunks*RecvChunkSize, 2*keptBytes+4*RecvChunkSize,
 		"chunks allocated (%d) should waste at most what they hold (%d bytes kept)", chunks, keptBytes)
 }
@@ -114,6 +115,20 @@ func TestRecvArenaDropGivesBackTheSpace(t *testing.T) {
 	require.Equal(t, 3, a.Slots(bufs), "slots start after what was kept")
 	require.Same(t, &bufs[0][0], &a.chunk[950])
 	require.Panics(t, func() { a.Drop() }, "Drop without Take")
+
+	// A long datagram after a dropped one stays where it was read; the
+	// dropped one's room and the gap before it are free again.
+	const long = RecvChunkSize / 8
+	fill(bufs[0][:100], 4)
+	fill(bufs[1][:long], 5)
+	_ = a.Take(0, 100)
+	a.Drop()
+	b2 := a.Take(1, long)
+	require.Same(t, &bufs[1][0], &b2[0], "a long datagram is not moved")
+	require.True(t, intact(b2, 5))
+	a.Drop()
+	require.Equal(t, 3, a.Slots(bufs))
+	require.Same(t, &bufs[0][0], &a.chunk[950], "both dropped: the space after the kept ones is free")
 	require.Panics(t, func() { a.Take(0, RecvChunkSize/4+1) })
 }
 
