@@ -270,29 +270,37 @@ func (s *STABLE) Up(m *stack.Message) {
 		s.handle(m.Src, h)
 		return
 	}
-	s.count(m)
+	if m.IsMulticast() {
+		s.count(int64(len(m.Payload)))
+	}
 	s.PassUp(m)
 }
 
-// UpBatch takes the batch's STABLE messages and counts the rest.
+// UpBatch takes the batch's STABLE messages and counts the rest, once per
+// batch.
 func (s *STABLE) UpBatch(b *stack.Batch) {
+	var n int64
 	b.Keep(func(m *stack.Message) bool {
 		if h, ok := m.Header(s.ID()).(*Header); ok {
 			s.handle(m.Src, h)
 			return false
 		}
-		s.count(m)
+		if m.IsMulticast() {
+			n += int64(len(m.Payload))
+		}
 		return true
 	})
+	if n > 0 {
+		s.count(n)
+	}
 	s.PassUpBatch(b)
 }
 
-func (s *STABLE) count(m *stack.Message) {
-	if !m.IsMulticast() {
-		return
-	}
+// count adds n bytes of multicasts received and gossips once max_bytes
+// have come since the last gossip.
+func (s *STABLE) count(n int64) {
 	s.mu.Lock()
-	s.bytes += int64(len(m.Payload))
+	s.bytes += n
 	now := s.bytes >= int64(s.cfg.MaxBytes)
 	s.mu.Unlock()
 	if now {
