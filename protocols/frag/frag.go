@@ -6,6 +6,7 @@
 package frag
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -250,12 +251,28 @@ func (f *FRAG) Up(m *stack.Message) {
 		f.dropped.Add(1)
 		return
 	}
-	p.parts[h.Index] = m.Payload
+	// A received payload aliases its datagram's receive chunk, and keeps
+	// all of it (up to a MB) for as long as it is referred to. A partial
+	// message may wait minutes for its other fragments: a short fragment
+	// (or a first one, for its headers) that has to wait is kept as a
+	// copy, so that a trickle of fragments that never complete costs what
+	// they hold, not a chunk each.
+	done := uint32(len(p.parts))+1 == h.Count
+	part, first := m.Payload, m
+	if !done {
+		if uint64(len(part)) <= fs/8 {
+			part = bytes.Clone(part)
+		}
+		if h.Index == 0 {
+			first = m.Copy()
+			first.Payload = nil
+		}
+	}
+	p.parts[h.Index] = part
 	p.touched = time.Now()
 	if h.Index == 0 {
-		p.first = m
+		p.first = first
 	}
-	done := uint32(len(p.parts)) == h.Count
 	if done {
 		f.removeLocked(k)
 	}

@@ -3,8 +3,10 @@ package frag_test
 import (
 	"bytes"
 	"math/rand/v2"
+	"runtime"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -306,5 +308,48 @@ func TestPartialMessagesPerSenderAreBounded(t *testing.T) {
 		require.EqualValues(t, limit-1, stacktest.Stat(t, f.frag[0], "partial_in_progress"))
 		f.frag[0].Up(hostileFragment(flooded, 100)) // the first one, evicted: it starts again
 		require.EqualValues(t, limit, stacktest.Stat(t, f.frag[0], "partial_in_progress"))
+	})
+}
+
+// TestWaitingFragmentsDoNotPinTheirDatagrams: a received payload aliases
+// its datagram's receive chunk (up to a MB, see transport.RecvArena). A
+// short fragment, and a first fragment's message, that wait for the rest
+// of their message are kept as copies, so the chunk can go once the
+// message that brought them is done with; the message still reassembles.
+func TestWaitingFragmentsDoNotPinTheirDatagrams(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := start(t, 1, 1)
+		src := stack.NewAddress()
+		const fs, total = 60000, 60000 + 10
+		chunk := make([]byte, 1<<20) // stands for the receive chunk
+		for i := range chunk {
+			chunk[i] = byte(i)
+		}
+		var freed atomic.Bool
+		runtime.AddCleanup(&chunk[0], func(b *atomic.Bool) { b.Store(true) }, &freed)
+		frag1 := stack.NewMessage(stack.Address{}, chunk[100:110:110]) // the last fragment, first to arrive
+		frag1.Src = src
+		frag1.PutHeader(stack.IDFRAG, &frag.Header{ID: 7, Index: 1, Count: 2, Total: total})
+		f.frag[0].Up(frag1)
+		want := bytes.Clone(chunk[100:110])
+		frag1, chunk = nil, nil
+		for range 100 {
+			if freed.Load() {
+				break
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond)
+		}
+		require.True(t, freed.Load(), "a waiting short fragment keeps its datagram's chunk")
+
+		frag0 := stack.NewMessage(stack.Address{}, make([]byte, fs))
+		frag0.Src = src
+		frag0.PutHeader(stack.IDFRAG, &frag.Header{ID: 7, Index: 0, Count: 2, Total: total})
+		f.frag[0].Up(frag0)
+		synctest.Wait()
+		require.EqualValues(t, 1, stacktest.Stat(t, f.frag[0], "msgs_reassembled"))
+		msgs := f.c.Recv[0].Messages()
+		require.Len(t, msgs, 1)
+		require.Equal(t, want, msgs[0].Payload[fs:], "the copy is what arrived")
 	})
 }
