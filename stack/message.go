@@ -111,7 +111,10 @@ type hdrEntry struct {
 
 // Message is the unit that travels through a stack. Dest zero means the whole
 // group. Payload and headers are shared by copies, so neither may be modified
-// after the message is sent; use DeepCopy for a private payload.
+// after the message is sent; use DeepCopy for a private payload. A received
+// payload aliases the transport's receive memory (with UDP, a chunk of up to
+// 1 MB that is reused only once nothing refers into it): keeping a short
+// payload for long keeps that memory too, so copy what you keep.
 //
 // A Message must not be copied by value (it holds an atomic); use Copy.
 type Message struct {
