@@ -17,6 +17,42 @@ type Header interface {
 	AppendTo(b []byte) []byte
 }
 
+// headerSlabs is the memory a bundle's headers decode into: one slab per
+// header type, sized by the messages still to decode (at most one header
+// of a type per message) and at most msgSlab.
+type headerSlabs struct {
+	left  int   // messages of the bundle from the one being decoded on
+	slabs []any // *[]T, one per header type met so far
+}
+
+// NewHeader returns a zero T for a header decoder to fill. While r reads
+// a bundle, the T comes from a slab of the bundle's Ts (one allocation for
+// up to 64 headers of a type, not one per message); otherwise it is
+// new(T). A header kept keeps its slab too.
+func NewHeader[T any](r *wire.Reader) *T {
+	b, _ := r.Scratch().(*headerSlabs)
+	if b == nil || b.left <= 1 {
+		return new(T)
+	}
+	var p *[]T
+	for _, s := range b.slabs {
+		if q, ok := s.(*[]T); ok {
+			p = q
+			break
+		}
+	}
+	if p == nil {
+		p = new([]T)
+		b.slabs = append(b.slabs, p)
+	}
+	if len(*p) == 0 {
+		*p = make([]T, min(b.left, msgSlab))
+	}
+	h := &(*p)[0]
+	*p = (*p)[1:]
+	return h
+}
+
 // HeaderDecoder decodes a header body. The reader holds exactly the body;
 // decoders read from it and return r.Err() or a wrapped ErrMalformed.
 type HeaderDecoder func(r *wire.Reader) (Header, error)

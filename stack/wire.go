@@ -275,10 +275,14 @@ func readBundleMessages(r *wire.Reader, h BundleHeader) ([]*Message, error) {
 	// messages than it holds costs at most one slab.
 	msgs := make([]*Message, h.Count)
 	var slab []Message
+	hs := &headerSlabs{} // headers likewise (NewHeader)
+	r.SetScratch(hs)
+	defer r.SetScratch(nil)
 	for i := range msgs {
 		if len(slab) == 0 {
 			slab = make([]Message, min(h.Count-i, msgSlab))
 		}
+		hs.left = h.Count - i
 		if err := readMessageInto(r, h.Src, &slab[0]); err != nil {
 			return nil, err
 		}

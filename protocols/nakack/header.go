@@ -69,7 +69,8 @@ func (h *Header) AppendTo(b []byte) []byte {
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
-	h := &Header{Type: hdrType(r.Uint8())}
+	h := stack.NewHeader[Header](r) // from the bundle's slab of NAKACK headers
+	h.Type = hdrType(r.Uint8())
 	switch h.Type {
 	case typeMsg, typeXmitRsp, typeHighestSeqno, typePurged:
 		h.Seqno = r.Uvarint()

@@ -96,7 +96,8 @@ func (h *Header) AppendTo(b []byte) []byte {
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
-	h := &Header{Type: hdrType(r.Uint8())}
+	h := stack.NewHeader[Header](r) // from the bundle's slab of UNICAST2 headers
+	h.Type = hdrType(r.Uint8())
 	switch h.Type {
 	case typeData:
 		h.Seqno = r.Uvarint()

@@ -21,9 +21,10 @@ var ErrMalformed = errors.New("malformed input")
 // The first failure sticks: later reads return zero values and Err reports
 // the first error, so decoders check once at the end.
 type Reader struct {
-	buf []byte
-	off int
-	err error
+	buf     []byte
+	off     int
+	err     error
+	scratch any
 }
 
 // NewReader returns a Reader over b. The reader never modifies b; slices it
@@ -32,6 +33,14 @@ func NewReader(b []byte) *Reader { return &Reader{buf: b} }
 
 // Reset makes r read b from the start, clearing any error.
 func (r *Reader) Reset(b []byte) { *r = Reader{buf: b} }
+
+// Scratch returns what SetScratch stored: state that the decoders reading
+// from r share while it reads one thing (package stack keeps a bundle's
+// header slabs there). NewReader and Reset clear it.
+func (r *Reader) Scratch() any { return r.scratch }
+
+// SetScratch stores s for Scratch.
+func (r *Reader) SetScratch(s any) { r.scratch = s }
 
 // Err returns the first decoding error, or nil.
 func (r *Reader) Err() error { return r.err }
