@@ -266,6 +266,11 @@ func DecodeBundle(buf []byte, cluster string) (BundleHeader, []*Message, error) 
 // msgSlab is how many messages readBundleMessages allocates at once.
 const msgSlab = 64
 
+// minHeaderSlab is the fewest messages a bundle has for its headers to be
+// decoded into slabs: below it, the slabs' own bookkeeping costs more
+// allocations than it saves.
+const minHeaderSlab = 5
+
 // readBundleMessages decodes the messages of a bundle whose header r has
 // read.
 func readBundleMessages(r *wire.Reader, h BundleHeader) ([]*Message, error) {
@@ -275,14 +280,19 @@ func readBundleMessages(r *wire.Reader, h BundleHeader) ([]*Message, error) {
 	// messages than it holds costs at most one slab.
 	msgs := make([]*Message, h.Count)
 	var slab []Message
-	hs := &headerSlabs{} // headers likewise (NewHeader)
-	r.SetScratch(hs)
-	defer r.SetScratch(nil)
+	var hs *headerSlabs
+	if h.Count >= minHeaderSlab { // headers likewise (NewHeader)
+		hs = &headerSlabs{}
+		r.SetScratch(hs)
+		defer r.SetScratch(nil)
+	}
 	for i := range msgs {
 		if len(slab) == 0 {
 			slab = make([]Message, min(h.Count-i, msgSlab))
 		}
-		hs.left = h.Count - i
+		if hs != nil {
+			hs.left = h.Count - i
+		}
 		if err := readMessageInto(r, h.Src, &slab[0]); err != nil {
 			return nil, err
 		}
