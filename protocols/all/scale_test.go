@@ -206,21 +206,6 @@ func (g *scaleGroup) alive() []*stack.Channel {
 	return out
 }
 
-// oneView reports whether chs all hold one view of exactly them.
-func oneView(chs []*stack.Channel) bool {
-	v0 := chs[0].View()
-	if v0 == nil || v0.Size() != len(chs) {
-		return false
-	}
-	for _, ch := range chs {
-		v := ch.View()
-		if v == nil || v.ID != v0.ID || !v0.Contains(ch.Address()) {
-			return false
-		}
-	}
-	return true
-}
-
 // describeViews summarises the views chs hold, for a failure message.
 func describeViews(chs []*stack.Channel) string {
 	count := map[string]int{}
@@ -249,7 +234,7 @@ func describeViews(chs []*stack.Channel) string {
 // long that took from start; it fails the run after bound.
 func (g *scaleGroup) converge(start time.Time, bound time.Duration, chs []*stack.Channel, what string) time.Duration {
 	g.t.Helper()
-	if !waitUntil(bound-time.Since(start), func() bool { return oneView(chs) }) {
+	if !waitUntil(bound-time.Since(start), func() bool { return stacktest.SameView(chs...) }) {
 		g.t.Fatalf("%s: no single view of the %d members within %s (split brain or no convergence):%s", what, len(chs), bound, describeViews(chs))
 	}
 	return time.Since(start)

@@ -212,19 +212,23 @@ func Eventually(timeout time.Duration, cond func() bool) bool {
 // of them as members.
 func WaitForSameView(t testing.TB, timeout time.Duration, chs ...*stack.Channel) {
 	t.Helper()
-	WaitFor(t, timeout, func() bool {
-		v0 := chs[0].View()
-		if v0 == nil || v0.Size() != len(chs) {
+	WaitFor(t, timeout, func() bool { return SameView(chs...) }, "all %d channels see the same view", len(chs))
+}
+
+// SameView reports whether every channel holds the same view, of exactly
+// them.
+func SameView(chs ...*stack.Channel) bool {
+	v0 := chs[0].View()
+	if v0 == nil || v0.Size() != len(chs) {
+		return false
+	}
+	for _, ch := range chs {
+		v := ch.View()
+		if v == nil || v.ID != v0.ID || !v.Contains(ch.Address()) {
 			return false
 		}
-		for _, ch := range chs {
-			v := ch.View()
-			if v == nil || v.ID != v0.ID || !v.Contains(ch.Address()) {
-				return false
-			}
-		}
-		return true
-	}, "all %d channels see the same view", len(chs))
+	}
+	return true
 }
 
 // Payload encodes a sender index and sequence number as an 8-byte payload
