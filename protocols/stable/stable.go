@@ -214,32 +214,51 @@ func (s *STABLE) vote(whole bool) {
 		s.mu.Unlock()
 		return
 	}
-	send := d
-	if s.sinceVote++; s.sinceVote >= wholeVoteEvery {
+	if s.sinceVote++; s.sinceVote >= wholeVoteEvery || s.voted == nil {
 		whole = true
 	}
-	if whole || s.voted == nil {
+	if whole {
 		s.sinceVote = 0
-	} else {
-		send = nil
-		for _, e := range d {
-			if hd, ok := s.voted[e.Member]; !ok || hd != e.HighestDelivered {
-				send = append(send, e)
-			}
-		}
 	}
-	if s.voted == nil {
-		s.voted = make(map[stack.Address]uint64, len(d))
-	}
-	for _, e := range send {
-		s.voted[e.Member] = e.HighestDelivered
-	}
+	send := changedSince(d, &s.voted, whole)
 	s.mu.Unlock()
 	parts := split(send)
 	for i, part := range parts {
 		s.sent.Add(1)
-		s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
+		if err := s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Digest: part}); err != nil {
+			// Not sent (the stack is closing or the view moved on): the
+			// coordinator did not hear what was recorded as voted, so the
+			// next vote is whole.
+			s.mu.Lock()
+			if s.view == v {
+				s.voted = nil
+			}
+			s.mu.Unlock()
+			return
+		}
 	}
+}
+
+// changedSince returns the entries of d whose seqno differs from *last
+// (all of d when whole) and records them in *last: what a vote or an
+// announcement carries when it sends only what changed.
+func changedSince(d stack.Digest, last *map[stack.Address]uint64, whole bool) stack.Digest {
+	if *last == nil {
+		*last, whole = make(map[stack.Address]uint64, len(d)), true
+	}
+	out := d
+	if !whole {
+		out = nil
+		for _, e := range d {
+			if hd, ok := (*last)[e.Member]; !ok || hd != e.HighestDelivered {
+				out = append(out, e)
+			}
+		}
+	}
+	for _, e := range out {
+		(*last)[e.Member] = e.HighestDelivered
+	}
+	return out
 }
 
 // split cuts d into parts of at most maxEntries; an empty digest is one
@@ -255,13 +274,13 @@ func split(d stack.Digest) []stack.Digest {
 
 // send sends a vote (a reliable unicast to the coordinator) or an
 // announcement (an unreliable multicast).
-func (s *STABLE) send(dest stack.Address, h *Header) {
+func (s *STABLE) send(dest stack.Address, h *Header) error {
 	m := stack.NewMessage(dest, nil).Set(stack.Internal)
 	if dest.IsZero() {
 		m.Set(stack.NoReliability)
 	}
 	m.PutHeader(s.ID(), h)
-	_ = s.PassDown(s.Context(), m)
+	return s.PassDown(s.Context(), m)
 }
 
 // Up takes STABLE's messages; every other message counts towards max_bytes.
@@ -379,30 +398,18 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	// Announce what changed since the last announcement, and everything
 	// every wholeEvery rounds: a member that lost an announcement purges
 	// a sender that fell silent a few rounds later, not never.
-	tell := minD
-	if s.sinceAll++; s.told != nil && s.sinceAll < wholeEvery {
-		tell = nil
-		for _, e := range minD {
-			if hd, ok := s.told[e.Member]; !ok || hd != e.HighestDelivered {
-				tell = append(tell, e)
-			}
-		}
-	} else {
-		s.sinceAll = 0
+	whole := false
+	if s.sinceAll++; s.told == nil || s.sinceAll >= wholeEvery {
+		whole, s.sinceAll = true, 0
 	}
-	if s.told == nil {
-		s.told = make(map[stack.Address]uint64, len(minD))
-	}
-	for _, e := range tell {
-		s.told[e.Member] = e.HighestDelivered
-	}
+	tell := changedSince(minD, &s.told, whole)
 	s.mu.Unlock()
 	s.rounds.Add(1)
 	_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: minD})
 	if v.Size() > 1 && len(tell) > 0 {
 		parts := split(tell)
 		for i, part := range parts {
-			s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
+			_ = s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
 		}
 	}
 }

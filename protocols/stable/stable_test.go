@@ -1,8 +1,11 @@
 package stable_test
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -77,15 +80,23 @@ type stableSpy struct {
 	mu   sync.Mutex
 	msgs []*stable.Header
 	dest []stack.Address
+	src  []stack.Address
 }
 
 func (s *stableSpy) see(m *stack.Message) bool {
 	if h, ok := m.Header(stack.IDSTABLE).(*stable.Header); ok {
 		s.mu.Lock()
-		s.msgs, s.dest = append(s.msgs, h), append(s.dest, m.Dest)
+		s.msgs, s.dest, s.src = append(s.msgs, h), append(s.dest, m.Dest), append(s.src, m.Src)
 		s.mu.Unlock()
 	}
 	return false
+}
+
+// votes returns the headers and their senders.
+func (s *stableSpy) votes() ([]*stable.Header, []stack.Address) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.msgs), slices.Clone(s.src)
 }
 
 func (s *stableSpy) all() ([]*stable.Header, []stack.Address) {
@@ -253,5 +264,66 @@ func TestFirstVotesOfANewViewAreDeltasUnderTheSameCoordinator(t *testing.T) {
 			require.LessOrEqual(t, len(h.Digest), 1, "a vote after the view change carries only A's entry, which changed")
 		}
 		require.Positive(t, votes)
+	})
+}
+
+// failFirstVote is a layer under STABLE whose first vote down fails, as a
+// send does when the layers below give a message back.
+type failFirstVote struct {
+	stack.Base
+	failed atomic.Bool
+}
+
+func (f *failFirstVote) Name() string { return "FAIL_FIRST_VOTE" }
+
+func (f *failFirstVote) Down(ctx context.Context, m *stack.Message) error {
+	if h, ok := m.Header(stack.IDSTABLE).(*stable.Header); ok && h.Type == stable.TypeVote && f.failed.CompareAndSwap(false, true) {
+		return errors.New("not sent")
+	}
+	return f.PassDown(ctx, m)
+}
+
+// TestVoteAfterAFailedOneIsWhole: B's first vote (C's messages delivered)
+// does not go out. Its next vote, made when A's messages arrive, must not
+// be a delta against the lost one: it would name only A, the coordinator
+// would never learn that B has C's messages, and nobody would purge them
+// (until a whole vote a hundred votes later).
+func TestVoteAfterAFailedOneIsWhole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spy := &stableSpy{}
+		c := stacktest.StartSIM(t, 3, 1, func(i int) []stack.Protocol {
+			cfg := stable.DefaultConfig()
+			cfg.Interval, cfg.MaxBytes = time.Hour, 1000 // votes by max_bytes only
+			nk, st := nakack.New(nakack.DefaultConfig()), stable.New(cfg)
+			switch i {
+			case 0:
+				d := discard.New(discard.DefaultConfig())
+				d.DropUpIf(spy.see)
+				return []stack.Protocol{d, nk, st}
+			case 1:
+				return []stack.Protocol{nk, &failFirstVote{}, st}
+			}
+			return []stack.Protocol{nk, st}
+		})
+		for _, from := range []int{2, 0} { // C's messages, then A's
+			for s := range 10 {
+				require.NoError(t, c.Channels[from].Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(from, s, 100))))
+			}
+			synctest.Wait()
+		}
+		b, cAddr := c.Channels[1].Address(), c.Channels[2].Address()
+		var first *stable.Header
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			hs, srcs := spy.votes()
+			for i, h := range hs {
+				if h.Type == stable.TypeVote && srcs[i] == b {
+					first = h
+					return true
+				}
+			}
+			return false
+		}, "the coordinator gets a vote from B")
+		require.True(t, slices.ContainsFunc(first.Digest, func(e stack.DigestEntry) bool { return e.Member == cAddr && e.HighestDelivered == 10 }),
+			"B's first vote that arrives says it has delivered C's 10 messages: %v", first.Digest)
 	})
 }
