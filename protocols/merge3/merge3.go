@@ -110,6 +110,7 @@ type Merge3 struct {
 	sent         atomic.Int64 `stat:"announcements_sent"`
 	received     atomic.Int64 `stat:"announcements_received"`
 	merges       atomic.Int64 `stat:"merges_started"`
+	told         atomic.Int64 `stat:"leaders_told"`
 	inconsistent atomic.Int64 `stat:"views_inconsistent"`
 }
 
@@ -252,10 +253,17 @@ func (m *Merge3) Check() {
 	if len(coords)+len(orphans) < 2 {
 		return
 	}
-	for _, c := range coords[1:] {
-		if c.Compare(self) < 0 {
-			return // that coordinator leads the merge
+	if leader := slices.MinFunc(coords, stack.Address.Compare); leader != self {
+		// That coordinator leads the merge. It may not have heard this
+		// subgroup (a subgroup of one has no members to name it, and under
+		// loss all of its announcements of a check interval can be lost),
+		// so it is told directly, once per check: otherwise the merge can
+		// wait check intervals more.
+		if h := m.self(); h != nil {
+			m.told.Add(1)
+			m.sendInfo(leader, h)
 		}
+		return
 	}
 	slices.SortFunc(orphans, stack.Address.Compare)
 	slices.SortFunc(unheard, stack.Address.Compare)

@@ -1,6 +1,7 @@
 package merge3_test
 
 import (
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -86,6 +87,32 @@ func TestUnheardCoordinatorIsAskedToo(t *testing.T) {
 		require.Equal(t, a[leader], coords[0], "the leader first")
 		require.Contains(t, coords, a[other], "the coordinator it never heard")
 		require.Contains(t, coords, a[other+1], "that coordinator's member, whose announcements it heard")
+	})
+}
+
+// TestLeaderIsToldByASubgroupOfOne: a coordinator alone in its view, whose
+// multicast announcements never reach the merge leader, hears the leader
+// and tells it directly at its check; the leader merges at its next check.
+// A subgroup of one has no members to name it to the leader, so without
+// that the merge waits until one of its announcements gets through (seed
+// 378 of the cold-start scenario: three check intervals).
+func TestLeaderIsToldByASubgroupOfOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, recs := start4(t)
+		a := c.Addresses()
+		order := []int{0, 1, 2, 3}
+		slices.SortFunc(order, func(i, j int) int { return a[i].Compare(a[j]) })
+		leader, alone := order[0], order[3]
+		c.Net.SetLink(a[alone], a[leader], sim.Rule{DropIf: func(m *stack.Message) bool {
+			_, ok := m.Header(stack.IDMERGE3).(*merge3.Header)
+			return ok && m.Dest.IsZero()
+		}})
+		stacktest.InjectView(t, stack.NewView(a[leader], 5, a[order[0]], a[order[1]], a[order[2]]), c.Channels[order[0]], c.Channels[order[1]], c.Channels[order[2]])
+		stacktest.InjectView(t, stack.NewView(a[alone], 7, a[alone]), c.Channels[alone])
+		stacktest.WaitFor(t, 3*cfg.CheckInterval, func() bool { return len(stacktest.Recorded[stack.EvMerge](recs[leader])) > 0 }, "the leader asks for a merge")
+		coords := stacktest.Recorded[stack.EvMerge](recs[leader])[0].Coords
+		require.Equal(t, []stack.Address{a[leader], a[alone]}, coords)
+		require.Empty(t, stacktest.Recorded[stack.EvMerge](recs[alone]), "the other coordinator leaves the merge to the leader")
 	})
 }
 
