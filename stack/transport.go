@@ -35,6 +35,16 @@ type AddressLearner interface {
 	LearnAddress(src Address, from netip.AddrPort)
 }
 
+// ReceiveBufferSizer is implemented by a transport that drops what does not
+// fit in a bounded receive buffer, as a UDP socket does. Flow control sizes
+// its credits to fit, so that senders within their credits are not dropped.
+type ReceiveBufferSizer interface {
+	// ReceiveBuffer returns the bytes of datagrams the buffer that takes
+	// group messages (group true) or unicasts (false) holds, as the kernel
+	// granted it; 0 if not known.
+	ReceiveBuffer(group bool) int
+}
+
 // Authenticated reports whether the stack has a SourceAuthenticator, so its
 // transport must learn addresses only from what that layer accepted.
 func (s *Stack) Authenticated() bool {

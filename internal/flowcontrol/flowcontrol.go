@@ -25,13 +25,20 @@ type Config struct {
 	MinThreshold float64       `toml:"min_threshold" doc:"fraction of max_credits a receiver processes from a sender before it returns them"`
 	MaxBlockTime time.Duration `toml:"max_block_time" doc:"how long a sender without credits waits before it asks its receivers for them (and again every max_block_time)"`
 	StallTime    time.Duration `toml:"stall_threshold" doc:"a sender blocked this long is a stall: logged once (Warn, with the members whose credits it waits for) and counted in stalls; checked every max_block_time; 0: off"`
+	FitBuffer    bool          `toml:"fit_receive_buffer" doc:"with a transport whose receive buffer is bounded (UDP), give each sender at most its share of that buffer as granted by the kernel: buffer / members, counting at most 8 members, so that senders within their credits never overflow it"`
 }
+
+// fitMembers is the most members fit_receive_buffer divides a receive
+// buffer among: in a larger group not all members send at full speed at
+// once, and smaller shares would throttle one sender.
+const fitMembers = 8
 
 // DefaultConfig returns the defaults of JGroups' udp.xml (max_credits 4M,
 // min_threshold 0.4); max_block_time is shorter than JGroups' 5s so that
-// credits lost with a connection that was reset are asked for soon.
+// credits lost with a connection that was reset are asked for soon; credits
+// fit the transport's receive buffer.
 func DefaultConfig() Config {
-	return Config{MaxCredits: 4_000_000, MinThreshold: 0.4, MaxBlockTime: time.Second, StallTime: 5 * time.Second}
+	return Config{MaxCredits: 4_000_000, MinThreshold: 0.4, MaxBlockTime: time.Second, StallTime: 5 * time.Second, FitBuffer: true}
 }
 
 // Validate checks the config.
@@ -105,8 +112,10 @@ type FlowControl struct {
 	leastOK  bool
 	changed  chan struct{} // closed (and replaced) when credits grow or the view changes
 	recv     map[stack.Address]*recvState
-	waiting  int  // senders blocked for credits right now
-	recalled bool // a layer above closed its gate: senders do not wait here (EvRecallSenders)
+	waiting  int   // senders blocked for credits right now
+	recalled bool  // a layer above closed its gate: senders do not wait here (EvRecallSenders)
+	rcvbuf   int64 // the transport's receive buffer for what this layer controls (0: not bounded or not known)
+	max      int64 // max_credits in this view: at most the share of rcvbuf (fit_receive_buffer)
 
 	blockings    atomic.Int64 `stat:"blockings"`
 	blockedNanos atomic.Int64 `stat:"blocked_time_ns"`
@@ -141,15 +150,38 @@ func (f *FlowControl) Name() string { return f.name }
 // Init validates the config.
 func (f *FlowControl) Init() error { return f.cfg.Validate() }
 
-// Start forgets what a previous run knew.
+// Start forgets what a previous run knew, and finds the transport's
+// receive buffer (fit_receive_buffer).
 func (f *FlowControl) Start() error {
+	var rcvbuf int64
+	if f.cfg.FitBuffer {
+		for _, p := range f.Stack().Protocols() { // bottom first: the transport
+			if rb, ok := p.(stack.ReceiveBufferSizer); ok {
+				rcvbuf = int64(rb.ReceiveBuffer(f.mcast))
+				break
+			}
+		}
+	}
 	f.mu.Lock()
 	f.view = nil
 	clear(f.credits)
 	f.spent, f.leastOK = 0, false
 	clear(f.recv)
+	f.rcvbuf, f.max = rcvbuf, int64(f.cfg.MaxCredits)
 	f.mu.Unlock()
 	return nil
+}
+
+// maxFor returns max_credits for a view of n members: with a known receive
+// buffer, at most its share, the buffer divided by n (at most fitMembers),
+// since every member may send into it at once (for MFC a member's own
+// multicasts too: they come back to its socket).
+func (f *FlowControl) maxFor(n int) int64 {
+	m := int64(f.cfg.MaxCredits)
+	if f.rcvbuf > 0 {
+		m = min(m, max(f.rcvbuf/int64(min(max(n, 1), fitMembers)), 1))
+	}
+	return m
 }
 
 // settleLocked applies what MFC spent to every member's credits and
@@ -174,7 +206,7 @@ func (f *FlowControl) settleLocked() {
 }
 
 func (f *FlowControl) minCredits() int64 {
-	return max(1, int64(float64(f.cfg.MaxCredits)*f.cfg.MinThreshold))
+	return max(1, int64(float64(f.max)*f.cfg.MinThreshold))
 }
 
 // controlled reports whether m is subject to this layer's credits.
@@ -217,7 +249,6 @@ func (f *FlowControl) lacking(dest stack.Address, need int64) (short []stack.Add
 }
 
 func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) error {
-	need := min(n, int64(f.cfg.MaxCredits)) // a message larger than max_credits waits for all of them
 	var start time.Time
 	var timer *time.Timer
 	stalled := false
@@ -233,6 +264,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 		}
 	}()
 	f.mu.Lock()
+	need := min(n, f.max) // a message larger than max_credits waits for all of them
 	if f.mcast && f.leastOK && f.least-f.spent >= need {
 		// Every member has enough: the common case, in O(1).
 		f.spent += n
@@ -241,6 +273,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 	}
 	for {
 		f.settleLocked()
+		need = min(n, f.max) // the view may have changed it
 		short, known := f.lacking(dest, need)
 		if len(short) == 0 {
 			if known {
@@ -277,7 +310,7 @@ func (f *FlowControl) acquire(ctx context.Context, dest stack.Address, n int64) 
 			short, _ = f.lacking(dest, need)
 			reqs := make([]int64, len(short))
 			for i, a := range short {
-				reqs[i] = int64(f.cfg.MaxCredits) - f.credits[a]
+				reqs[i] = f.max - f.credits[a]
 			}
 			f.mu.Unlock()
 			if !stalled && f.cfg.StallTime > 0 && time.Since(start) >= f.cfg.StallTime && len(short) > 0 {
@@ -389,7 +422,7 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 		f.mu.Lock()
 		f.settleLocked()
 		if c, ok := f.credits[src]; ok {
-			f.credits[src] = min(c+int64(min(h.Credits, uint64(f.cfg.MaxCredits))), int64(f.cfg.MaxCredits))
+			f.credits[src] = min(c+int64(min(h.Credits, uint64(f.max))), f.max)
 			f.leastOK = false
 			close(f.changed)
 			f.changed = make(chan struct{})
@@ -418,7 +451,7 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 		// processed, so its memory stays bounded.
 		stuck := time.Since(r.progress) >= f.cfg.MaxBlockTime && f.waiting > 0
 		if r.inflight == 0 || stuck {
-			if asked := int64(min(h.Credits, uint64(f.cfg.MaxCredits))); asked > give {
+			if asked := int64(min(h.Credits, uint64(f.max))); asked > give {
 				give = asked
 				f.extraGrants.Add(1)
 			}
@@ -465,9 +498,15 @@ func (f *FlowControl) viewChange(v *stack.View) {
 	f.view = v
 	f.settleLocked()
 	f.leastOK = false
+	old := f.max
+	f.max = f.maxFor(len(v.Members))
 	for a := range f.credits {
 		if !v.Contains(a) {
 			delete(f.credits, a)
+		} else {
+			// Another share: what is out still counts against it (the
+			// credits may go below 0 until it comes back).
+			f.credits[a] += f.max - old
 		}
 	}
 	for a := range f.recv {
@@ -481,7 +520,7 @@ func (f *FlowControl) viewChange(v *stack.View) {
 			continue
 		}
 		if _, ok := f.credits[a]; !ok {
-			f.credits[a] = int64(f.cfg.MaxCredits)
+			f.credits[a] = f.max
 		}
 		if f.recv[a] == nil {
 			f.recv[a] = &recvState{progress: now}
@@ -513,9 +552,11 @@ func (f *FlowControl) Stats() []stack.Stat {
 			least = c
 		}
 	}
+	maxCredits := f.max
 	f.mu.Unlock()
 	return append(stack.CounterStats(f),
 		stack.Stat{Name: "min_credits_left", Value: max(least, 0)},
+		stack.Stat{Name: "max_credits", Value: maxCredits},
 	)
 }
 

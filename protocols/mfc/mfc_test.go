@@ -2,6 +2,7 @@ package mfc_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -114,4 +115,63 @@ func TestCreditsAreSpentAtEveryMemberExactly(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded, "C's credits are spent to the byte")
 		require.Equal(t, int64(0), fcs[0].Credits()[slow.Address()])
 	})
+}
+
+// bufferLayer stands in for a transport whose receive buffer is bounded
+// (UDP's socket): it reports rcvbuf bytes to flow control.
+type bufferLayer struct {
+	stack.Base
+	rcvbuf int
+}
+
+func (*bufferLayer) Name() string             { return "BUFFER" }
+func (l *bufferLayer) ReceiveBuffer(bool) int { return l.rcvbuf }
+func (*bufferLayer) String() string           { return "BUFFER" }
+
+var _ stack.ReceiveBufferSizer = (*bufferLayer)(nil)
+
+// TestCreditsFitTheReceiveBuffer: with a receive buffer of 400,000 bytes
+// and 4 members (every one of which may send into it at once), each sender
+// gets 100,000 bytes of credits per receiver, not max_credits; a view of 2
+// members gives each 200,000, and what is outstanding still counts. With
+// fit_receive_buffer off, max_credits stands.
+func TestCreditsFitTheReceiveBuffer(t *testing.T) {
+	for _, fit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fit=%v", fit), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := mfc.DefaultConfig()
+				cfg.MaxCredits = 4_000_000
+				cfg.MaxBlockTime = time.Minute
+				cfg.FitBuffer = fit
+				fcs := make([]*mfc.MFC, 4)
+				c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
+					fcs[i] = mfc.New(cfg)
+					return []stack.Protocol{&bufferLayer{rcvbuf: 400_000}, nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+				})
+				a, b := c.Channels[0], c.Channels[1]
+				share := int64(100_000)
+				if !fit {
+					share = 4_000_000
+				}
+				for _, cr := range fcs[0].Credits() {
+					require.Equal(t, share, cr)
+				}
+				release := make(chan struct{})
+				defer close(release)
+				c.Recv[1].OnMsg = func(m *stack.Message) {
+					if m.Src == a.Address() {
+						<-release
+					}
+				}
+				require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, make([]byte, 1000))))
+				synctest.Wait()
+				require.Equal(t, share-1000, fcs[0].Credits()[b.Address()], "B holds 1000 bytes")
+				stacktest.InjectView(t, stack.NewView(a.Address(), 5, a.Address(), b.Address()), a, b)
+				if fit {
+					share = 200_000
+				}
+				require.Equal(t, map[stack.Address]int64{b.Address(): share - 1000}, fcs[0].Credits(), "B's share grew, and it still holds 1000 bytes")
+			})
+		})
+	}
 }

@@ -54,6 +54,8 @@ type UDP struct {
 	bufs          *transport.BufPool
 	sndPool       sync.Pool
 	bc            transport.BundleCounters
+	ucRecvBuf     atomic.Int64 // receive buffers the kernel granted (0: not known)
+	mcRecvBuf     atomic.Int64
 
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
@@ -73,8 +75,9 @@ type UDP struct {
 }
 
 var (
-	_ stack.Transport      = (*UDP)(nil)
-	_ stack.AddressLearner = (*UDP)(nil)
+	_ stack.Transport          = (*UDP)(nil)
+	_ stack.AddressLearner     = (*UDP)(nil)
+	_ stack.ReceiveBufferSizer = (*UDP)(nil)
 )
 
 // New returns a UDP transport with cfg.
@@ -180,7 +183,7 @@ func (u *UDP) openUnicast() error {
 			return fmt.Errorf("udp: %s on %s: %w", st.what, u.local, err)
 		}
 	}
-	u.checkBuffers(u.uc, "unicast", int(u.cfg.UcastRecvBuf), int(u.cfg.UcastSendBuf))
+	u.ucRecvBuf.Store(int64(u.checkBuffers(u.uc, "unicast", int(u.cfg.UcastRecvBuf), int(u.cfg.UcastSendBuf))))
 	return nil
 }
 
@@ -200,21 +203,38 @@ func (u *UDP) openMulticast() error {
 		_ = u.mc.Close()
 		return fmt.Errorf("udp: set multicast receive buffer: %w", err)
 	}
-	u.checkBuffers(u.mc, "multicast", int(u.cfg.McastRecvBuf), 0)
+	u.mcRecvBuf.Store(int64(u.checkBuffers(u.mc, "multicast", int(u.cfg.McastRecvBuf), 0)))
 	return nil
 }
 
-// checkBuffers logs one warning per socket if the kernel granted less
-// buffer than asked.
-func (u *UDP) checkBuffers(c *net.UDPConn, which string, wantRecv, wantSend int) {
+// checkBuffers logs the socket buffers the kernel granted (a warning if
+// less than asked) and returns the receive buffer granted (0: not known).
+func (u *UDP) checkBuffers(c *net.UDPConn, which string, wantRecv, wantSend int) int {
 	recv, send, err := bufferSizes(c)
 	if err != nil || recv == 0 {
-		return
+		return 0
 	}
 	if recv < wantRecv || (wantSend > 0 && send < wantSend) {
-		u.Log().Warn("udp: kernel granted smaller socket buffers than configured (raise net.core.rmem_max / wmem_max)",
+		u.Log().Warn("udp: kernel granted smaller socket buffers than configured (raise net.core.rmem_max / wmem_max); flow control fits its credits to what was granted",
 			"socket", which, "recv_asked", wantRecv, "recv_granted", recv, "send_asked", wantSend, "send_granted", send)
+	} else {
+		u.Log().Debug("udp: socket buffers granted", "socket", which, "recv", recv, "send", send)
 	}
+	return min(recv, wantRecv)
+}
+
+// ReceiveBuffer returns the receive buffer the kernel granted to the socket
+// that takes group messages (group) or unicasts, for flow control
+// (stack.ReceiveBufferSizer). Without IP multicast the unicast socket takes
+// both, and each kind gets half of it.
+func (u *UDP) ReceiveBuffer(group bool) int {
+	if u.cfg.IPMcast && group {
+		return int(u.mcRecvBuf.Load())
+	}
+	if !u.cfg.IPMcast {
+		return int(u.ucRecvBuf.Load() / 2)
+	}
+	return int(u.ucRecvBuf.Load())
 }
 
 // Stop closes the sockets; the readers and the bundler exit.
