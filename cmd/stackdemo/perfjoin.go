@@ -177,7 +177,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for _, ps := range ch.Stats() {
 		for _, st := range ps.Stats {
 			switch st.Name {
-			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms", "dropped_queue_full_regular", "dropped_buffer_full":
+			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms", "dropped_queue_full_regular", "dropped_buffer_full", "echo_waits", "echo_wait_timeouts":
 				res.Stats[ps.Protocol+"."+st.Name] += st.Value
 			}
 		}

@@ -14,6 +14,7 @@ import (
 // as few sendmmsg calls as possible.
 type sender struct {
 	u       *UDP
+	paced   bool // the bundler's: group datagrams wait for the member's own to be read back (echoPacer)
 	msgs    []ipv4.Message
 	bufs    []*[]byte
 	targets []*transport.PhysEntry
@@ -53,6 +54,30 @@ func (s *sender) add(buf *[]byte, dest stack.Address) {
 	}
 }
 
+// hasGroup reports whether ms hold a group datagram.
+func (s *sender) hasGroup(ms []ipv4.Message) bool {
+	for i := range ms {
+		if ms[i].Addr == s.u.group {
+			return true
+		}
+	}
+	return false
+}
+
+// wroteGroup counts the group datagrams among ms, written, for the
+// echoPacer.
+func (s *sender) wroteGroup(ms []ipv4.Message) {
+	var n int
+	for i := range ms {
+		if ms[i].Addr == s.u.group {
+			n += len(ms[i].Buffers[0])
+		}
+	}
+	if n > 0 {
+		s.u.echo.wrote(n)
+	}
+}
+
 func (s *sender) push(b []byte, to net.Addr) {
 	s.msgs = append(s.msgs, ipv4.Message{Buffers: [][]byte{b}, Addr: to})
 }
@@ -63,9 +88,18 @@ func (s *sender) flush() {
 	batch := u.cfg.BatchSize
 	for i := 0; i < len(s.msgs); {
 		j := min(i+batch, len(s.msgs))
+		if s.paced && s.hasGroup(s.msgs[i:j]) {
+			if limit := u.echoLimit(); limit > 0 {
+				u.echo.limit.Store(limit)
+				u.echo.wait(u.Done())
+			}
+		}
 		n, err := u.upc.WriteBatch(s.msgs[i:j], 0)
 		if n > 0 {
 			u.datagramsSent.Add(int64(n))
+			if s.paced {
+				s.wroteGroup(s.msgs[i : i+n])
+			}
 			i += n
 		}
 		if err != nil {

@@ -56,6 +56,7 @@ type UDP struct {
 	bc            transport.BundleCounters
 	ucRecvBuf     atomic.Int64 // receive buffers the kernel granted (0: not known)
 	mcRecvBuf     atomic.Int64
+	echo          *echoPacer // own multicasts not yet read back (multicast loopback)
 
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
@@ -109,6 +110,7 @@ func (u *UDP) Init() error {
 	}
 	u.bufs = transport.NewBufPool(int(u.cfg.BundleSize) + 256)
 	u.sndPool.New = func() any { return &sender{u: u} }
+	u.echo = newEchoPacer()
 	return nil
 }
 
@@ -129,12 +131,18 @@ func (u *UDP) Start() error {
 	u.queue = transport.NewSendQueue(u.cfg.QueueLen)
 	u.whoHas = map[stack.Address]time.Time{}
 	u.Log().Info("udp transport started", "local", u.local, "iface", u.iface.Name, "ip_mcast", u.cfg.IPMcast, "group", u.group)
-	u.Go(func(done <-chan struct{}) { u.readLoop(u.upc, done) })
+	u.echo.sent.Store(0)
+	u.echo.back.Store(0)
+	u.Go(func(done <-chan struct{}) { u.readLoop(u.upc, nil, done) })
 	if u.mpc != nil {
-		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, done) })
+		var echo *echoPacer
+		if u.cfg.McastLoop {
+			echo = u.echo // own multicasts come back to this socket
+		}
+		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, echo, done) })
 	}
 	u.Go(func(done <-chan struct{}) {
-		transport.NewBundler(u, u.queue, int(u.cfg.BundleSize), u.bufs, &sender{u: u}, &u.bc).Run(done)
+		transport.NewBundler(u, u.queue, int(u.cfg.BundleSize), u.bufs, &sender{u: u, paced: u.mpc != nil && u.cfg.McastLoop}, &u.bc).Run(done)
 	})
 	u.GoEvery(max(u.cfg.CacheExpiry/4, 10*time.Millisecond), u.reap)
 	return nil
@@ -247,7 +255,9 @@ func (u *UDP) Stop() {
 	}
 }
 
-func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
+// readLoop reads datagrams from pc until done is closed. On the multicast
+// socket echo accounts for the member's own multicasts read back.
+func (u *UDP) readLoop(pc *ipv4.PacketConn, echo *echoPacer, done <-chan struct{}) {
 	msgs := make([]ipv4.Message, u.cfg.BatchSize)
 	bufs := make([][]byte, u.cfg.BatchSize)
 	for i := range msgs {
@@ -261,6 +271,10 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 	arena := transport.NewRecvArena(maxDatagram + 1)
 	for {
 		k := arena.Slots(bufs)
+		var mark int64
+		if echo != nil {
+			mark = echo.sent.Load()
+		}
 		n, err := pc.ReadBatch(msgs[:k], 0)
 		if err != nil {
 			select {
@@ -284,9 +298,19 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 			if ua, ok := m.Addr.(*net.UDPAddr); ok {
 				from = ua.AddrPort()
 			}
-			if !u.handleDatagram(arena.Take(i, m.N), from) {
+			ok, own := u.handleDatagram(arena.Take(i, m.N), from)
+			if !ok {
 				arena.Drop() // nothing refers to it: read the next one there
 			}
+			if own && echo != nil {
+				echo.readBack(m.N)
+			}
+		}
+		if echo != nil {
+			if n < k {
+				echo.drained(mark) // the socket is empty
+			}
+			echo.signal()
 		}
 	}
 }
@@ -299,27 +323,44 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, done <-chan struct{}) {
 // not learn from preambles at all, and counts the preambles that claim a
 // known member is somewhere else (LearnAddress takes what that layer
 // proved). It reports whether the stack accepted the bundle; when it did
-// not, nothing refers to pkt any more.
-func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) bool {
+// not, nothing refers to pkt any more. own reports an own multicast (which
+// is never accepted: it was looped back).
+func (u *UDP) handleDatagram(pkt []byte, from netip.AddrPort) (ok, own bool) {
 	u.datagramsRecv.Add(1)
 	u.bytesRecv.Add(int64(len(pkt)))
 	if from.IsValid() {
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 	}
 	h, ok := u.Receive(pkt, from)
-	if !ok || !from.IsValid() || h.Src.IsZero() || h.Src == u.LocalAddress() || u.cache == nil {
-		return ok
+	if !ok {
+		return false, h.Multicast && !h.Src.IsZero() && h.Src == u.LocalAddress()
+	}
+	if !from.IsValid() || h.Src.IsZero() || h.Src == u.LocalAddress() || u.cache == nil {
+		return true, false
 	}
 	if u.authenticated {
 		if u.cache.Differs(h.Src, from) {
 			u.unprovenMoves.Add(1)
 		}
-		return true
+		return true, false
 	}
 	if !u.cache.LearnUnlessHeard(h.Src, from, transport.MoveQuiet) {
 		u.refusedMoves.Add(1)
 	}
-	return true
+	return true, false
+}
+
+// echoLimit returns the bytes of own multicasts that may be sent and not
+// read back before the bundler waits: the member's share of its multicast
+// receive buffer, as flow control computes it (fit_receive_buffer); 0: no
+// limit.
+func (u *UDP) echoLimit() int64 {
+	buf := u.mcRecvBuf.Load()
+	v := u.View()
+	if buf <= 0 || v == nil {
+		return 0
+	}
+	return buf / int64(min(max(len(v.Members), 1), 8))
 }
 
 // LearnAddress records that src is at from: the authenticating layer
@@ -443,10 +484,11 @@ func (u *UDP) Stats() []stack.Stat {
 	if u.cache != nil {
 		cacheSize, evicted, refused = u.cache.Size(), u.cache.Evicted.Load(), u.cache.Refused.Load()
 	}
-	return append(append(append(u.TransportBase.Stats(), stack.CounterStats(u)...), stack.CounterStats(&u.bc)...),
+	return append(append(append(append(u.TransportBase.Stats(), stack.CounterStats(u)...), stack.CounterStats(&u.bc)...), stack.CounterStats(u.echo)...),
 		stack.Stat{Name: "avg_bundle_size", Value: avg},
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
 		stack.Stat{Name: "addr_cache_evicted", Value: evicted, Counter: true},
 		stack.Stat{Name: "addr_cache_full_refused", Value: refused, Counter: true},
+		stack.Stat{Name: "own_multicast_bytes_unread", Value: u.echo.outstanding()},
 	)
 }

@@ -259,6 +259,25 @@ func TestSmallKernelBufferIsReportedOnce(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "kernel granted smaller socket buffers"), out)
 	require.Contains(t, out, "recv_asked=1073741824")
 	require.Contains(t, out, "socket=unicast")
+	granted := u.ReceiveBuffer(false)
+	require.Positive(t, granted, "flow control sizes its credits by what the kernel granted")
+	require.Less(t, granted, 1<<30, "not by what was asked")
+}
+
+// TestOwnMulticastsReadBackAreAccounted: the multicasts a member sends
+// come back to its multicast socket; once its reader has read them all,
+// nothing is outstanding, so its bundler is not held (echoPacer).
+func TestOwnMulticastsReadBackAreAccounted(t *testing.T) {
+	t.Parallel()
+	ms := startMembers(t, 2, "echo", testConfig(t), nil)
+	a := ms[0]
+	for range 200 {
+		require.NoError(t, a.ch.SendTo(context.Background(), stack.Address{}, make([]byte, 1000)))
+	}
+	stacktest.WaitFor(t, wait, func() bool { return ms[1].col.Len() == 200 }, "peer receives")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.udp, "dropped_own_multicast") == 200 }, "own copies read back")
+	stacktest.WaitFor(t, wait, func() bool { return stacktest.Stat(t, a.udp, "own_multicast_bytes_unread") == 0 }, "nothing outstanding: %d", stacktest.Stat(t, a.udp, "own_multicast_bytes_unread"))
+	require.Zero(t, stacktest.Stat(t, ms[1].udp, "own_multicast_bytes_unread"), "B sent nothing")
 }
 
 type lockedWriter struct {
