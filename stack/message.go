@@ -341,11 +341,17 @@ func (m *Message) setHeaders(all []hdrEntry) {
 // headers and payload (the payload and headers are shared, not copied).
 // Transient flags are not copied.
 func (m *Message) Copy() *Message {
-	c := &Message{Dest: m.Dest, Src: m.Src, Flags: m.Flags, Payload: m.Payload, From: m.From, nh: m.nh, hdrs: m.hdrs}
+	c := &Message{}
+	m.copyInto(c)
+	return c
+}
+
+// copyInto makes c, a zero Message, what Copy returns.
+func (m *Message) copyInto(c *Message) {
+	c.Dest, c.Src, c.Flags, c.Payload, c.From, c.nh, c.hdrs = m.Dest, m.Src, m.Flags, m.Payload, m.From, m.nh, m.hdrs
 	if len(m.more) > 0 {
 		c.more = append([]hdrEntry(nil), m.more...)
 	}
-	return c
 }
 
 // DeepCopy is Copy with a private copy of the payload.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 
 	"github.com/strata-go/strata/stack/wire"
@@ -62,6 +63,9 @@ func (s *Stack) Authenticated() bool {
 type TransportBase struct {
 	Base
 	counters TransportCounters
+
+	loopMu   sync.Mutex
+	loopSlab []Message // loopback copies are cut from slabs of msgSlab
 }
 
 // TransportCounters are the statistics every transport keeps.
@@ -151,7 +155,17 @@ func (t *TransportBase) PrepareSend(m *Message) bool {
 
 func (t *TransportBase) loopback(m *Message) {
 	t.counters.Loopbacks.Add(1)
-	c := m.Copy()
+	// One allocation per msgSlab copies rather than one per copy; a copy
+	// the application keeps keeps its slab's others, and their payloads,
+	// too (as a received message keeps its slab and receive chunk).
+	t.loopMu.Lock()
+	if len(t.loopSlab) == 0 {
+		t.loopSlab = make([]Message, msgSlab)
+	}
+	c := &t.loopSlab[0]
+	t.loopSlab = t.loopSlab[1:]
+	t.loopMu.Unlock()
+	m.copyInto(c)
 	t.count(c.Lane(), 1, int64(len(c.Payload)))
 	t.st.lanes.deliverOne(c, true)
 }

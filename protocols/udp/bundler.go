@@ -95,6 +95,7 @@ func (s *sender) flush() {
 			}
 		}
 		n, err := u.upc.WriteBatch(s.msgs[i:j], 0)
+		u.sendCalls.Add(1)
 		if n > 0 {
 			u.datagramsSent.Add(int64(n))
 			if s.paced {

@@ -63,6 +63,8 @@ type UDP struct {
 
 	datagramsSent   atomic.Int64 `stat:"datagrams_sent"`
 	datagramsRecv   atomic.Int64 `stat:"datagrams_received"`
+	sendCalls       atomic.Int64 `stat:"send_calls"` // sendmmsg calls: datagrams_sent / send_calls per call
+	recvCalls       atomic.Int64 `stat:"recv_calls"` // recvmmsg calls that returned datagrams
 	bytesRecv       atomic.Int64 `stat:"bytes_received"`
 	droppedFull     atomic.Int64 `stat:"dropped_queue_full"`
 	droppedNoPhys   atomic.Int64 `stat:"dropped_no_physical_address"`
@@ -276,6 +278,9 @@ func (u *UDP) readLoop(pc *ipv4.PacketConn, echo *echoPacer, done <-chan struct{
 			mark = echo.sent.Load()
 		}
 		n, err := pc.ReadBatch(msgs[:k], 0)
+		if n > 0 {
+			u.recvCalls.Add(1)
+		}
 		if err != nil {
 			select {
 			case <-done:
