@@ -6,6 +6,13 @@
 // max_credits. A sender blocked for max_block_time asks for credits again.
 // Messages marked INTERNAL or NO_FC pass without credits, so control
 // traffic is never held behind application traffic.
+//
+// Unlike JGroups, max_credits is an upper bound: over a transport whose
+// receive buffer is bounded (stack.ReceiveBufferSizer: UDP's sockets), a
+// sender gets at most its share of that buffer, the buffer divided by the
+// members of the view (counting at most fitMembers), since all of them may
+// send into it at once. Credits that overflow the buffer are not a brake:
+// the kernel drops, and NAKACK and UNICAST2 retransmit.
 package flowcontrol
 
 import (
