@@ -17,12 +17,11 @@ import (
 // back.
 //
 // The account: sent counts the bytes of group datagrams written (by the
-// bundler, after each write), back those read back (by the reader, the
-// only writer of back). Own datagrams the kernel dropped would never come
+// bundler, after each write), back those read back (by the reader). Own datagrams the kernel dropped would never come
 // back, so whenever a read finds the socket drained, everything sent before
 // the read began is accounted for: back is raised to what sent was then. A
-// bundler waits at most echoWaitMax, so a reader that is gone cannot hold
-// it.
+// bundler waits at most echoWaitMax, and then forgives what is out, so a
+// reader that is gone or starved holds it once per limit bytes at most.
 type echoPacer struct {
 	limit atomic.Int64 // bytes sent and not read back before the bundler waits (0: off)
 	sent  atomic.Int64
@@ -56,7 +55,11 @@ func (p *echoPacer) wait(done <-chan struct{}) {
 		select {
 		case <-p.wake:
 		case <-t.C:
+			// The reader is starved, or the datagrams do not come back:
+			// forgive them, so that this costs at most one wait per limit
+			// bytes sent.
 			p.timeouts.Add(1)
+			p.raise(p.sent.Load())
 			return
 		case <-done:
 			return
@@ -72,16 +75,27 @@ func (p *echoPacer) wrote(n int) { p.sent.Add(int64(n)) }
 // mark is counted twice; back stays at most sent, so that lets the bundler
 // send at most one datagram more before it waits.
 func (p *echoPacer) readBack(n int) {
-	p.back.Store(min(p.back.Load()+int64(n), p.sent.Load()))
+	for {
+		b := p.back.Load()
+		if p.back.CompareAndSwap(b, min(b+int64(n), p.sent.Load())) {
+			return
+		}
+	}
 }
 
 // drained records that a read that began when sent was at mark found the
 // socket empty: what was sent before is read back or lost. (The read may
 // have waited for its first datagram long after mark: back never goes
 // down.)
-func (p *echoPacer) drained(mark int64) {
-	if mark > p.back.Load() {
-		p.back.Store(mark)
+func (p *echoPacer) drained(mark int64) { p.raise(mark) }
+
+// raise sets back to at least v.
+func (p *echoPacer) raise(v int64) {
+	for {
+		b := p.back.Load()
+		if b >= v || p.back.CompareAndSwap(b, v) {
+			return
+		}
 	}
 }
 

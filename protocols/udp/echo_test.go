@@ -66,6 +66,10 @@ func TestEchoPacerWaitsAtMostEchoWaitMax(t *testing.T) {
 		p.wait(nil)
 		require.Equal(t, echoWaitMax, time.Since(start))
 		require.Equal(t, int64(1), p.timeouts.Load())
+		p.wrote(64_000)
+		p.wait(nil)
+		require.Equal(t, echoWaitMax, time.Since(start), "what was out is forgiven: no second wait until limit bytes more")
+		require.Equal(t, int64(1), p.waits.Load())
 	})
 }
 
