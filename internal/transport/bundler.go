@@ -21,6 +21,17 @@ type SendQueue struct {
 // NewSendQueue returns a queue that holds n messages.
 func NewSendQueue(n int) *SendQueue { return &SendQueue{ch: make(chan *stack.Message, n)} }
 
+// TryPut queues m if there is room, without waiting, and reports whether it
+// did (the fast path of Put, for callers whose done channel costs a lock).
+func (q *SendQueue) TryPut(m *stack.Message) bool {
+	select {
+	case q.ch <- m:
+		return true
+	default:
+		return false
+	}
+}
+
 // Put queues m. When the queue is full it returns ErrQueueFull at once if
 // drop is set, and otherwise waits for room, ctx or done.
 func (q *SendQueue) Put(ctx context.Context, m *stack.Message, drop bool, done <-chan struct{}) error {

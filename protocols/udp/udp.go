@@ -414,6 +414,9 @@ func (u *UDP) Down(ctx context.Context, m *stack.Message) error {
 		u.sndPool.Put(s)
 		return nil
 	}
+	if u.queue.TryPut(m) {
+		return nil
+	}
 	drop := u.cfg.DropFull || m.HasTransient(stack.DontBlock)
 	switch err := u.queue.Put(ctx, m, drop, u.Done()); {
 	case err == transport.ErrQueueFull:
