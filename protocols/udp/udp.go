@@ -497,6 +497,6 @@ func (u *UDP) Stats() []stack.Stat {
 		stack.Stat{Name: "addr_cache_size", Value: int64(cacheSize)},
 		stack.Stat{Name: "addr_cache_evicted", Value: evicted, Counter: true},
 		stack.Stat{Name: "addr_cache_full_refused", Value: refused, Counter: true},
-		stack.Stat{Name: "own_multicast_bytes_unread", Value: u.echo.outstanding()},
+		stack.Stat{Name: "own_multicast_bytes_unread", Value: max(u.echo.outstanding(), 0)},
 	)
 }
