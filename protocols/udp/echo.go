@@ -6,7 +6,8 @@ import (
 )
 
 // echoPacer keeps this member's own multicasts from filling its multicast
-// socket's receive buffer. With multicast loopback every group datagram a
+// socket's receive buffer where the kernel cannot drop them for it (no
+// socket filter: ownMulticastFilter is for Linux). With multicast loopback every group datagram a
 // member sends comes back to its own multicast socket (where the reader
 // drops it on the preamble). Flow control bounds what every other member
 // has outstanding in that buffer, but nothing bounds the member's own
