@@ -477,7 +477,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		for _, ps := range pm.ch.Stats() {
 			for _, s := range ps.Stats {
 				switch s.Name {
-				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full", "late_responses", "echo_waits", "echo_wait_timeouts", "datagrams_sent", "datagrams_received", "send_calls", "recv_calls", "bundles_sent", "bundle_msgs_sent":
+				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full", "late_responses", "echo_waits", "echo_wait_timeouts", "datagrams_sent", "datagrams_received", "send_calls", "recv_calls", "bundles_sent", "bundle_msgs_sent", "credits_granted_on_request", "blockings", "credit_requests_sent":
 					res.Stats[ps.Protocol+"."+s.Name] += s.Value
 				}
 			}
