@@ -266,3 +266,37 @@ func (l *logBuffer) Lines(s string) []string {
 	}
 	return out
 }
+
+// unicastBuffer stands in for a transport whose unicast receive buffer is
+// bounded: it reports 300,000 bytes for unicasts and 0 (not known) for
+// group messages.
+type unicastBuffer struct{ stack.Base }
+
+func (*unicastBuffer) Name() string { return "UBUFFER" }
+
+func (*unicastBuffer) ReceiveBuffer(group bool) int {
+	if group {
+		return 0
+	}
+	return 300_000
+}
+
+var _ stack.ReceiveBufferSizer = (*unicastBuffer)(nil)
+
+// TestUnicastCreditsFitTheUnicastReceiveBuffer: UFC takes its share of the
+// buffer that takes unicasts (300,000 bytes among 3 members), not of the
+// one for group messages.
+func TestUnicastCreditsFitTheUnicastReceiveBuffer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := ufc.DefaultConfig()
+		fcs := make([]*ufc.UFC, 3)
+		stacktest.StartSIM(t, 3, 1, func(i int) []stack.Protocol {
+			fcs[i] = ufc.New(cfg)
+			return []stack.Protocol{&unicastBuffer{}, unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+		})
+		require.Len(t, fcs[0].Credits(), 2)
+		for _, c := range fcs[0].Credits() {
+			require.Equal(t, int64(100_000), c)
+		}
+	})
+}
