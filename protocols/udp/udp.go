@@ -56,9 +56,9 @@ type UDP struct {
 	bc            transport.BundleCounters
 	ucRecvBuf     atomic.Int64 // receive buffers the kernel granted (0: not known)
 	mcRecvBuf     atomic.Int64
-	echo          *echoPacer // own multicasts not yet read back (multicast loopback)
-	ownFiltered   bool       // the kernel drops own multicasts for the multicast socket (ownMulticastFilter)
-	noOwnFilter   bool       // tests: read own multicasts back as where no filter can be attached
+	echo          *echoPacer  // own multicasts not yet read back (multicast loopback)
+	ownFiltered   atomic.Bool // the kernel drops own multicasts for the multicast socket (ownMulticastFilter)
+	noOwnFilter   bool        // tests: read own multicasts back as where no filter can be attached
 
 	whoMu  sync.Mutex
 	whoHas map[stack.Address]time.Time
@@ -140,13 +140,13 @@ func (u *UDP) Start() error {
 	u.Go(func(done <-chan struct{}) { u.readLoop(u.upc, nil, done) })
 	if u.mpc != nil {
 		var echo *echoPacer
-		if u.cfg.McastLoop && !u.ownFiltered {
+		if u.cfg.McastLoop && !u.ownFiltered.Load() {
 			echo = u.echo // own multicasts come back to this socket
 		}
 		u.Go(func(done <-chan struct{}) { u.readLoop(u.mpc, echo, done) })
 	}
 	u.Go(func(done <-chan struct{}) {
-		transport.NewBundler(u, u.queue, int(u.cfg.BundleSize), u.bufs, &sender{u: u, paced: u.mpc != nil && u.cfg.McastLoop && !u.ownFiltered}, &u.bc).Run(done)
+		transport.NewBundler(u, u.queue, int(u.cfg.BundleSize), u.bufs, &sender{u: u, paced: u.mpc != nil && u.cfg.McastLoop && !u.ownFiltered.Load()}, &u.bc).Run(done)
 	})
 	u.GoEvery(max(u.cfg.CacheExpiry/4, 10*time.Millisecond), u.reap)
 	return nil
@@ -216,7 +216,7 @@ func (u *UDP) openMulticast() error {
 		return fmt.Errorf("udp: set multicast receive buffer: %w", err)
 	}
 	u.mcRecvBuf.Store(int64(u.checkBuffers(u.mc, "multicast", int(u.cfg.McastRecvBuf), 0)))
-	u.ownFiltered = false
+	u.ownFiltered.Store(false)
 	if u.cfg.McastLoop && !u.noOwnFilter {
 		prog, err := ownMulticastFilter(u.local)
 		if err == nil {
@@ -225,7 +225,7 @@ func (u *UDP) openMulticast() error {
 		if err != nil {
 			u.Log().Debug("udp: no socket filter for own multicasts: they are read back and dropped", "err", err)
 		} else {
-			u.ownFiltered = true
+			u.ownFiltered.Store(true)
 		}
 	}
 	return nil
@@ -512,7 +512,7 @@ func (u *UDP) Stats() []stack.Stat {
 		stack.Stat{Name: "addr_cache_evicted", Value: evicted, Counter: true},
 		stack.Stat{Name: "addr_cache_full_refused", Value: refused, Counter: true},
 		stack.Stat{Name: "own_multicast_bytes_unread", Value: max(u.echo.outstanding(), 0)},
-		stack.Stat{Name: "own_multicasts_filtered", Value: b2i(u.ownFiltered)},
+		stack.Stat{Name: "own_multicasts_filtered", Value: b2i(u.ownFiltered.Load())},
 	)
 }
 
