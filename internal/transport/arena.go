@@ -121,3 +121,9 @@ func (a *RecvArena) Drop() {
 	}
 	a.off, a.taken = a.prev, false
 }
+
+// NewRecvChunk returns a RecvChunkSize receive chunk, recycled once
+// nothing refers into it, as RecvArena's are: for a stream transport
+// that frames its own reads (TCP). The caller must never write into
+// bytes it has handed out; it moves on to a new chunk instead.
+func NewRecvChunk() []byte { return newChunk()[:] }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+
+	"github.com/strata-go/strata/internal/transport"
 )
 
 // A connection starts with a preamble from the side that dialled: magic,
@@ -85,7 +87,8 @@ func appendFrameHeader(b []byte, n int) []byte { return binary.BigEndian.AppendU
 
 // readFrame reads one frame of at most max bytes into a new buffer. A
 // length of 0 or above max is an error before anything is allocated: a
-// peer is never trusted for more than max bytes.
+// peer is never trusted for more than max bytes. (The connections read
+// through a frameReader; this is the reference it is tested against.)
 func readFrame(r io.Reader, max int) ([]byte, error) {
 	var h [frameHeader]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -97,6 +100,89 @@ func readFrame(r io.Reader, max int) ([]byte, error) {
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return buf, nil
+}
+
+// minRead is the least free space a frameReader reads into: with less
+// left in its chunk, it moves what it holds of the next frame to a new
+// chunk first, so reads stay large.
+const minRead = 16 << 10
+
+// frameReader reads a connection's frames in place: each read fills as
+// much of a receive chunk (transport.NewRecvChunk) as the connection
+// has ready, and the frames are handed out as slices of the chunk, so
+// the messages decoded from them alias it instead of a copy per frame.
+// Nothing is ever read into bytes handed out: when a frame does not fit
+// in what is left of the chunk, the part of it already read is moved to
+// a new chunk (the only copy, at most one partial frame per chunk), and
+// the old chunk is recycled once the garbage collector finds nothing
+// refers into it. A frame larger than a chunk gets a buffer of its own.
+//
+// A frameReader belongs to one reading goroutine.
+type frameReader struct {
+	r     io.Reader
+	max   int
+	chunk []byte
+	start int // first byte not handed out
+	end   int // end of the bytes read
+}
+
+func newFrameReader(r io.Reader, max int) *frameReader {
+	return &frameReader{r: r, max: max}
+}
+
+// next returns the next frame, which stays the caller's for good. A
+// length of 0 or above max is errBadFrame before anything is allocated
+// for it; a stream that ends inside a frame is io.ErrUnexpectedEOF, one
+// that ends between frames io.EOF.
+func (fr *frameReader) next() ([]byte, error) {
+	for {
+		avail := fr.end - fr.start
+		need := minRead
+		if avail >= frameHeader {
+			n := binary.BigEndian.Uint32(fr.chunk[fr.start:])
+			if n == 0 || n > uint32(fr.max) {
+				return nil, fmt.Errorf("%w: %d (max %d)", errBadFrame, n, fr.max)
+			}
+			size := frameHeader + int(n)
+			if avail >= size {
+				lo := fr.start + frameHeader
+				fr.start += size
+				return fr.chunk[lo:fr.start:fr.start], nil
+			}
+			if size > transport.RecvChunkSize {
+				return fr.readLarge(int(n))
+			}
+			need = max(need, size)
+		}
+		if len(fr.chunk)-fr.start < need {
+			c := transport.NewRecvChunk()
+			fr.end = copy(c, fr.chunk[fr.start:fr.end])
+			fr.chunk, fr.start = c, 0
+		}
+		k, err := fr.r.Read(fr.chunk[fr.end:])
+		fr.end += k
+		if err != nil && k == 0 {
+			if err == io.EOF && fr.end > fr.start {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+}
+
+// readLarge reads a frame of n bytes, larger than a chunk, whose start
+// the chunk holds, into a buffer of its own.
+func (fr *frameReader) readLarge(n int) ([]byte, error) {
+	buf := make([]byte, n)
+	k := copy(buf, fr.chunk[fr.start+frameHeader:fr.end])
+	fr.start = fr.end
+	if _, err := io.ReadFull(fr.r, buf[k:]); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}

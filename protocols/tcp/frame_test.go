@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-go/strata/internal/transport"
 )
 
 func TestFrameRoundTripAndBounds(t *testing.T) {
@@ -95,6 +97,142 @@ func FuzzFrames(f *testing.F) {
 			if len(fr) == 0 || len(fr) > max {
 				t.Fatalf("frame of %d bytes accepted", len(fr))
 			}
+		}
+	})
+}
+
+// chopReader returns at most the next of sizes bytes per Read (cycling),
+// as a socket returns what has arrived.
+type chopReader struct {
+	data  []byte
+	sizes []int
+	i     int
+}
+
+func (c *chopReader) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), len(c.data))
+	if len(c.sizes) > 0 {
+		n = min(n, max(1, c.sizes[c.i%len(c.sizes)]))
+		c.i++
+	}
+	copy(p, c.data[:n])
+	c.data = c.data[n:]
+	return n, nil
+}
+
+// frameStream returns frames of the given sizes, each filled with bytes
+// that depend on its index, and the stream that carries them.
+func frameStream(sizes []int) (frames [][]byte, stream []byte) {
+	for i, n := range sizes {
+		f := make([]byte, n)
+		for j := range f {
+			f[j] = byte(i*31 + j*7)
+		}
+		frames = append(frames, f)
+		stream = appendFrameHeader(stream, n)
+		stream = append(stream, f...)
+	}
+	return frames, stream
+}
+
+// TestFrameReaderKeepsFramesIntact reads frames of many sizes (some larger
+// than a receive chunk, many straddling chunk ends) through reads of many
+// sizes, keeps every frame, and checks at the end that none was
+// overwritten by a later read: the reader never reads into bytes it
+// handed out.
+func TestFrameReaderKeepsFramesIntact(t *testing.T) {
+	const max = 3 << 20
+	var sizes []int
+	for i := range 3000 {
+		switch {
+		case i%500 == 7:
+			sizes = append(sizes, transport.RecvChunkSize+i) // a buffer of its own
+		case i%10 == 0:
+			sizes = append(sizes, 20000+i*13%45000)
+		default:
+			sizes = append(sizes, 1+i*37%3000)
+		}
+	}
+	sizes = append(sizes, max)
+	want, stream := frameStream(sizes)
+	for name, chop := range map[string][]int{
+		"whole":  nil,
+		"small":  {1, 3, 4, 5, 100, 4095},
+		"mixed":  {70000, 3, 1 << 20, 17, 9000},
+		"header": {4, 1, 2, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fr := newFrameReader(&chopReader{data: stream, sizes: chop}, max)
+			var got [][]byte
+			for {
+				f, err := fr.next()
+				if err == io.EOF {
+					break
+				}
+				require.NoError(t, err)
+				require.Equal(t, len(f), cap(f), "a frame's capacity ends with it")
+				got = append(got, f)
+			}
+			require.Len(t, got, len(want))
+			for i := range want {
+				require.True(t, bytes.Equal(want[i], got[i]), "frame %d (%d bytes) changed", i, len(want[i]))
+			}
+		})
+	}
+}
+
+func TestFrameReaderBoundsAndTruncation(t *testing.T) {
+	var b []byte
+	b = appendFrameHeader(b, 3)
+	b = append(b, 1, 2, 3)
+	_, err := newFrameReader(bytes.NewReader(b), 2).next()
+	require.ErrorIs(t, err, errBadFrame, "a frame above the bound is refused")
+	_, err = newFrameReader(bytes.NewReader(appendFrameHeader(nil, 0)), 10).next()
+	require.ErrorIs(t, err, errBadFrame, "an empty frame is refused")
+	_, err = newFrameReader(bytes.NewReader(b[:5]), 10).next()
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a truncated frame is an error")
+	_, err = newFrameReader(bytes.NewReader(b[:2]), 10).next()
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a truncated length is an error")
+	_, err = newFrameReader(bytes.NewReader(nil), 10).next()
+	require.ErrorIs(t, err, io.EOF, "a stream that ends between frames")
+	big := appendFrameHeader(nil, transport.RecvChunkSize+10)
+	big = append(big, make([]byte, 100)...)
+	_, err = newFrameReader(bytes.NewReader(big), 2<<20).next()
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a truncated frame larger than a chunk")
+}
+
+// FuzzFrameReader checks the in-place reader against readFrame, the
+// plain one, on any stream cut into reads of any sizes: the same frames
+// or the same class of error, and no frame above the bound.
+func FuzzFrameReader(f *testing.F) {
+	_, good := frameStream([]int{5, 1, 300, 2})
+	f.Add(good, []byte{1, 2, 3})
+	f.Add(good[:len(good)-2], []byte{})
+	f.Add([]byte{0xFF, 0xFF, 0xFF, 0xFF}, []byte{4})
+	f.Add(append(appendFrameHeader(nil, 0), good...), []byte{})
+	const max = 1024
+	f.Fuzz(func(t *testing.T, data, chop []byte) {
+		sizes := make([]int, len(chop))
+		for i, c := range chop {
+			sizes[i] = int(c)
+		}
+		fr := newFrameReader(&chopReader{data: data, sizes: sizes}, max)
+		ref := bytes.NewReader(data)
+		for {
+			want, werr := readFrame(ref, max)
+			got, err := fr.next()
+			if werr != nil {
+				require.Error(t, err)
+				require.Equal(t, errors.Is(werr, errBadFrame), errors.Is(err, errBadFrame), "%v vs %v", err, werr)
+				require.Equal(t, errors.Is(werr, io.ErrUnexpectedEOF), errors.Is(err, io.ErrUnexpectedEOF), "%v vs %v", err, werr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, want, got)
+			require.LessOrEqual(t, len(got), max)
 		}
 	})
 }

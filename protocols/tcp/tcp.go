@@ -7,7 +7,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -467,13 +466,14 @@ func (t *TCP) closeConn(c *conn) {
 
 // readLoop reads c's frames until it ends. A frame whose length is 0 or
 // above max_bundle_size, or whose bundle preamble does not parse, cuts the
-// peer off and is counted.
+// peer off and is counted. Frames are read in place into receive chunks
+// (frameReader): the messages decoded from a frame alias the chunk, no
+// copy per frame.
 func (t *TCP) readLoop(c *conn, done <-chan struct{}) {
 	defer t.closeConn(c)
-	br := bufio.NewReaderSize(c.nc, 32<<10)
-	max := int(t.cfg.BundleSize)
+	fr := newFrameReader(c.nc, int(t.cfg.BundleSize))
 	for {
-		data, err := readFrame(br, max)
+		data, err := fr.next()
 		if err != nil {
 			switch {
 			case errors.Is(err, errBadFrame), errors.Is(err, io.ErrUnexpectedEOF):
