@@ -23,8 +23,8 @@ type Config struct {
 	SendQueueSize int           `toml:"send_queue_size" doc:"frames queued per peer connection; when full, more are dropped and counted (the reliable layers resend), so one slow or unreachable peer never blocks the others"`
 	TCPNoDelay    bool          `toml:"tcp_nodelay" doc:"set TCP_NODELAY (bundling already batches small messages)"`
 	KeepAlive     time.Duration `toml:"keep_alive" doc:"TCP keep-alive probe period (0: Go's default, 15s; negative: keep-alive off)"`
-	RecvBuf       stack.Size    `toml:"recv_buf_size" doc:"socket receive buffer of each connection"`
-	SendBuf       stack.Size    `toml:"send_buf_size" doc:"socket send buffer of each connection"`
+	RecvBuf       stack.Size    `toml:"recv_buf_size" doc:"socket receive buffer of each connection (0: the kernel's default, which it grows with the traffic)"`
+	SendBuf       stack.Size    `toml:"send_buf_size" doc:"socket send buffer of each connection (0: the kernel's default, which it grows with the traffic)"`
 	ConnTimeout   time.Duration `toml:"sock_conn_timeout" doc:"how long a connect to a peer may take"`
 	PeerTimeout   time.Duration `toml:"peer_addr_read_timeout" doc:"how long an accepted connection has to send its preamble (and finish TLS); slower ones are closed and counted"`
 	MaxPending    int           `toml:"max_pending_connections" doc:"accepted connections still in their preamble at once; more are closed at once and counted (half-open floods)"`
@@ -83,10 +83,10 @@ func (c *Config) Validate() error {
 		return stack.BadKey("max_queued_bytes", "must be 0 (no bound) or at least max_bundle_size (%d), got %d", c.BundleSize, c.MaxQueued)
 	case c.SendQueueSize <= 0:
 		return stack.BadKey("send_queue_size", "must be > 0, got %d", c.SendQueueSize)
-	case c.RecvBuf <= 0:
-		return stack.BadKey("recv_buf_size", "must be > 0, got %d", c.RecvBuf)
-	case c.SendBuf <= 0:
-		return stack.BadKey("send_buf_size", "must be > 0, got %d", c.SendBuf)
+	case c.RecvBuf < 0:
+		return stack.BadKey("recv_buf_size", "must be >= 0 (0: the kernel's default, auto-tuned), got %d", c.RecvBuf)
+	case c.SendBuf < 0:
+		return stack.BadKey("send_buf_size", "must be >= 0 (0: the kernel's default, auto-tuned), got %d", c.SendBuf)
 	case c.ConnTimeout <= 0:
 		return stack.BadKey("sock_conn_timeout", "must be > 0, got %s", c.ConnTimeout)
 	case c.PeerTimeout <= 0:

@@ -321,8 +321,13 @@ func (t *TCP) setSockOpts(nc net.Conn) {
 		return
 	}
 	_ = tc.SetNoDelay(t.cfg.TCPNoDelay)
-	_ = tc.SetReadBuffer(int(t.cfg.RecvBuf))
-	_ = tc.SetWriteBuffer(int(t.cfg.SendBuf))
+	// A size set explicitly turns the kernel's auto-tuning off.
+	if t.cfg.RecvBuf > 0 {
+		_ = tc.SetReadBuffer(int(t.cfg.RecvBuf))
+	}
+	if t.cfg.SendBuf > 0 {
+		_ = tc.SetWriteBuffer(int(t.cfg.SendBuf))
+	}
 	if t.cfg.KeepAlive < 0 {
 		_ = tc.SetKeepAlive(false)
 	} else {

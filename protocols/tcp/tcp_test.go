@@ -161,10 +161,14 @@ func TestConfigErrorsNameFileLineAndKey(t *testing.T) {
 		{`peer_addr_read_timeout = "0s"`, `bad.toml:4: TCP: peer_addr_read_timeout: must be > 0`},
 		{`tls = true`, `bad.toml:1: TCP: tls_cert_file: must be set when tls = true`}, // the key is missing: the section's line
 		{`conn_expiry_timeout = "-1s"`, `bad.toml:4: TCP: conn_expiry_timeout: must be >= 0`},
+		{`recv_buf_size = -1`, `bad.toml:4: TCP: recv_buf_size: must be >= 0 (0: the kernel's default`},
 	} {
 		src := "[[protocol]]\ntype = \"TCP\"\nbind_addr = \"127.0.0.1\"\n" + c.line + "\n"
 		_, err := stack.ParseConfig("bad.toml", []byte(src))
 		require.Error(t, err, c.line)
 		require.Contains(t, err.Error(), c.want)
 	}
+	src := "[[protocol]]\ntype = \"TCP\"\nbind_addr = \"127.0.0.1\"\nrecv_buf_size = 0\nsend_buf_size = 0\n"
+	_, err := stack.ParseConfig("ok.toml", []byte(src))
+	require.NoError(t, err, "socket buffers of 0 leave them to the kernel")
 }
