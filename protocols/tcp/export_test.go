@@ -22,3 +22,20 @@ func (t *TCP) ConnEnds(ap netip.AddrPort) (local, remote string, ok bool) {
 	}
 	return p.conn.raw.LocalAddr().String(), p.conn.raw.RemoteAddr().String(), true
 }
+
+// ResetConnections closes every established connection's socket at once,
+// as a network fault does; the peers' writers dial again.
+func (t *TCP) ResetConnections() int {
+	t.mu.Lock()
+	var cs []*conn
+	for _, p := range t.peers {
+		if p.conn != nil {
+			cs = append(cs, p.conn)
+		}
+	}
+	t.mu.Unlock()
+	for _, c := range cs {
+		_ = c.raw.Close()
+	}
+	return len(cs)
+}
