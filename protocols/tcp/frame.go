@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"weak"
 
 	"github.com/strata-go/strata/internal/transport"
 )
@@ -123,17 +128,84 @@ const minRead = 16 << 10
 // the old chunk is recycled once the garbage collector finds nothing
 // refers into it. A frame larger than a chunk gets a buffer of its own.
 //
+// On a plain TCP connection, a reader that has handed out everything it
+// read and finds nothing more to read lets go of its chunk while it waits
+// (it keeps a weak pointer): a connection that stays idle over a garbage
+// collection holds no receive memory, and one that is busy gets its chunk
+// back.
+//
 // A frameReader belongs to one reading goroutine.
 type frameReader struct {
 	r     io.Reader
+	rc    syscall.RawConn // plain TCP: reads go through it (see readRaw)
 	max   int
 	chunk []byte
 	start int // first byte not handed out
 	end   int // end of the bytes read
+
+	idle     weak.Pointer[[transport.RecvChunkSize]byte] // the chunk let go of while waiting
+	released atomic.Int64                                // times it let go (for tests)
 }
 
 func newFrameReader(r io.Reader, max int) *frameReader {
-	return &frameReader{r: r, max: max}
+	fr := &frameReader{r: r, max: max}
+	if sc, ok := r.(syscall.Conn); ok && canReadRaw {
+		if _, isTCP := r.(*net.TCPConn); isTCP {
+			fr.rc, _ = sc.SyscallConn()
+		}
+	}
+	return fr
+}
+
+// read reads into the free space of the chunk.
+func (fr *frameReader) read() (int, error) {
+	if fr.rc == nil {
+		return fr.r.Read(fr.chunk[fr.end:])
+	}
+	var n int
+	var rerr error
+	err := fr.rc.Read(func(fd uintptr) bool {
+		if fr.chunk == nil {
+			fr.regain()
+		}
+		n, rerr = readRaw(fd, fr.chunk[fr.end:])
+		if wouldBlock(rerr) {
+			if fr.start == fr.end {
+				fr.letGo()
+			}
+			return false
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", rerr)}
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// letGo drops the reader's hold on its chunk, all of whose bytes read so
+// far are handed out, keeping a weak pointer to it.
+func (fr *frameReader) letGo() {
+	fr.idle = weak.Make((*[transport.RecvChunkSize]byte)(fr.chunk))
+	fr.chunk = nil
+	fr.released.Add(1)
+}
+
+// regain takes the chunk let go of back, or, if the garbage collector
+// found nothing else referred into it (it is being recycled), a new one.
+func (fr *frameReader) regain() {
+	if c := fr.idle.Value(); c != nil {
+		fr.chunk = c[:]
+	} else {
+		fr.chunk = transport.NewRecvChunk()
+		fr.start, fr.end = 0, 0
+	}
+	fr.idle = weak.Pointer[[transport.RecvChunkSize]byte]{}
 }
 
 // next returns the next frame, which stays the caller's for good. A
@@ -142,6 +214,9 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 // that ends between frames io.EOF.
 func (fr *frameReader) next() ([]byte, error) {
 	for {
+		if fr.chunk == nil && fr.end > 0 {
+			fr.regain() // a read that let go of the chunk failed
+		}
 		avail := fr.end - fr.start
 		need := minRead
 		if avail >= frameHeader {
@@ -165,7 +240,7 @@ func (fr *frameReader) next() ([]byte, error) {
 			fr.end = copy(c, fr.chunk[fr.start:fr.end])
 			fr.chunk, fr.start = c, 0
 		}
-		k, err := fr.r.Read(fr.chunk[fr.end:])
+		k, err := fr.read()
 		fr.end += k
 		if err != nil && k == 0 {
 			if err == io.EOF && fr.end > fr.start {

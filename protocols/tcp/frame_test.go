@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -235,4 +239,80 @@ func FuzzFrameReader(f *testing.F) {
 			require.LessOrEqual(t, len(got), max)
 		}
 	})
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (client, server *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	require.NoError(t, err)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// keptFrame is the frame TestIdleFrameReaderLetsGoOfItsChunk keeps, where
+// the garbage collector is sure to see it.
+var keptFrame []byte
+
+// TestIdleFrameReaderLetsGoOfItsChunk: a reader waiting on an idle
+// connection holds its receive chunk only weakly: a garbage collection
+// frees it when nothing else refers into it, and the next frame goes to a
+// new chunk; when a frame handed out still refers into it, the reader
+// takes the same chunk back and goes on where it was. (The wait ends with
+// a read deadline, so that the test reads the reader's state on the
+// reader's own goroutine.)
+func TestIdleFrameReaderLetsGoOfItsChunk(t *testing.T) {
+	if !canReadRaw {
+		t.Skip("reads through net.Conn here")
+	}
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprint("keep=", keep), func(t *testing.T) {
+			w, r := tcpPair(t)
+			fr := newFrameReader(r, 1000)
+			require.NotNil(t, fr.rc)
+			send := func(b byte) {
+				_, err := w.Write(append(appendFrameHeader(nil, 10), bytes.Repeat([]byte{b}, 10)...))
+				require.NoError(t, err)
+			}
+			send(1)
+			func() {
+				first, err := fr.next() // dead once this returns, unless kept
+				require.NoError(t, err)
+				if keep {
+					keptFrame = first
+				}
+			}()
+			for d := 50 * time.Millisecond; fr.released.Load() == 0; d *= 2 {
+				require.NoError(t, r.SetReadDeadline(time.Now().Add(d)))
+				_, err := fr.next()
+				require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			}
+			require.Nil(t, fr.chunk, "the waiting reader let go")
+			runtime.GC()
+			runtime.GC()
+			require.Equal(t, keep, fr.idle.Value() != nil, "only a chunk something refers into survives the collection")
+			require.NoError(t, r.SetReadDeadline(time.Time{}))
+			send(2)
+			f, err := fr.next()
+			require.NoError(t, err)
+			require.Equal(t, bytes.Repeat([]byte{2}, 10), f)
+			// Frames are 14 bytes with their length: the second one follows
+			// the first in the same chunk, or starts a new one (perhaps the
+			// same memory, recycled).
+			want := 14
+			if keep {
+				want = 28
+			}
+			require.Equal(t, want, fr.start, "the same chunk only when it was kept")
+			if keep {
+				require.Equal(t, bytes.Repeat([]byte{1}, 10), keptFrame)
+				keptFrame = nil
+			}
+		})
+	}
 }
