@@ -136,12 +136,15 @@ const minRead = 16 << 10
 //
 // A frameReader belongs to one reading goroutine.
 type frameReader struct {
-	r     io.Reader
-	rc    syscall.RawConn // plain TCP: reads go through it (see readRaw)
-	max   int
-	chunk []byte
-	start int // first byte not handed out
-	end   int // end of the bytes read
+	r      io.Reader
+	rc     syscall.RawConn // plain TCP: reads go through it (see rawRead)
+	readFn func(fd uintptr) bool
+	n      int   // rawRead's result
+	rerr   error // rawRead's error
+	max    int
+	chunk  []byte
+	start  int // first byte not handed out
+	end    int // end of the bytes read
 
 	idle     weak.Pointer[[transport.RecvChunkSize]byte] // the chunk let go of while waiting
 	released atomic.Int64                                // times it let go (for tests)
@@ -152,6 +155,7 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 	if sc, ok := r.(syscall.Conn); ok && canReadRaw {
 		if _, isTCP := r.(*net.TCPConn); isTCP {
 			fr.rc, _ = sc.SyscallConn()
+			fr.readFn = fr.rawRead
 		}
 	}
 	return fr
@@ -162,30 +166,35 @@ func (fr *frameReader) read() (int, error) {
 	if fr.rc == nil {
 		return fr.r.Read(fr.chunk[fr.end:])
 	}
-	var n int
-	var rerr error
-	err := fr.rc.Read(func(fd uintptr) bool {
-		if fr.chunk == nil {
-			fr.regain()
-		}
-		n, rerr = readRaw(fd, fr.chunk[fr.end:])
-		if wouldBlock(rerr) {
-			if fr.start == fr.end {
-				fr.letGo()
-			}
-			return false
-		}
-		return true
-	})
-	switch {
-	case err != nil:
+	fr.n, fr.rerr = 0, nil
+	if err := fr.rc.Read(fr.readFn); err != nil {
 		return 0, err
-	case rerr != nil:
-		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", rerr)}
-	case n == 0:
+	}
+	switch {
+	case fr.rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", fr.rerr)}
+	case fr.n == 0:
 		return 0, io.EOF
 	}
-	return n, nil
+	return fr.n, nil
+}
+
+// rawRead is read's function for the raw connection (bound once, in
+// newFrameReader, so that a read allocates nothing): it reads into the
+// chunk, and when the read would block with every byte read so far
+// handed out, it lets go of the chunk while the connection waits.
+func (fr *frameReader) rawRead(fd uintptr) bool {
+	if fr.chunk == nil {
+		fr.regain()
+	}
+	fr.n, fr.rerr = readRaw(fd, fr.chunk[fr.end:])
+	if wouldBlock(fr.rerr) {
+		if fr.start == fr.end {
+			fr.letGo()
+		}
+		return false
+	}
+	return true
 }
 
 // letGo drops the reader's hold on its chunk, all of whose bytes read so
