@@ -2,8 +2,10 @@
 // per peer (set up on demand, reused, and one even when two members dial
 // each other at once), a group message sent once per view member, the
 // bundler and batch hand-off UDP uses (internal/transport,
-// stack.TransportBase), length-prefixed frames with a hard bound, a bounded
-// send queue per peer, and optional TLS with files reloaded on change.
+// stack.TransportBase), length-prefixed frames with a hard bound, read in
+// place into the receive chunks UDP reads datagrams into (no copy per
+// frame), a bounded send queue per peer, and optional TLS with files
+// reloaded on change.
 package tcp
 
 import (
