@@ -132,7 +132,9 @@ const minRead = 16 << 10
 // read and finds nothing more to read lets go of its chunk while it waits
 // (it keeps a weak pointer): a connection that stays idle over a garbage
 // collection holds no receive memory, and one that is busy gets its chunk
-// back.
+// back. A connection that stops in the middle of a frame keeps its chunk
+// (1 MB, where a frame buffer of max_bundle_size was held before) until
+// the rest comes or the connection closes.
 //
 // A frameReader belongs to one reading goroutine.
 type frameReader struct {
