@@ -57,7 +57,10 @@ func TestSimultaneousDialsEndWithOneConnection(t *testing.T) {
 // TestUnreachablePeerDoesNotBlockOthers: a view member whose socket
 // accepts but never reads (a stalled or vanished host) fills only its own
 // queue; its frames are dropped and counted, and the other member gets
-// every message.
+// every message. The sender sends rounds of at most send_queue_size
+// messages (so at most that many frames) and waits for the live member
+// to have each round: the live member's queue can never overflow, however
+// its writer is scheduled, while the stalled member's fills up.
 func TestUnreachablePeerDoesNotBlockOthers(t *testing.T) {
 	stacktest.CheckLeaks(t)
 	cfg := testConfig()
@@ -72,7 +75,7 @@ func TestUnreachablePeerDoesNotBlockOthers(t *testing.T) {
 	members := []stack.Address{a.ch.Address(), b.ch.Address(), x}
 	stacktest.InjectView(t, stack.NewView(members[0], 3, members...), a.ch)
 
-	const rounds, per = 40, 100
+	const rounds, per = 60, 16 // per <= cfg.SendQueueSize; 960 KB, more than the stalled socket's buffers hold
 	for r := range rounds {
 		for seq := range per {
 			require.NoError(t, a.ch.Send(context.Background(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, r*per+seq, 1000))))
