@@ -644,6 +644,9 @@ func (t *TCP) Down(ctx context.Context, m *stack.Message) error {
 		(&sink{t: t}).Bundle(buf, m.Dest)
 		return nil
 	}
+	if t.queue.TryPut(m) {
+		return nil // the common case, without reading Done (a lock)
+	}
 	drop := t.cfg.DropFull || m.HasTransient(stack.DontBlock)
 	switch err := t.queue.Put(ctx, m, drop, t.Done()); {
 	case errors.Is(err, transport.ErrQueueFull):
