@@ -220,7 +220,7 @@ func providers(s Service) []string {
 }
 
 // DatagramLimiter is implemented by the config of a transport that sends
-// datagrams of a bounded size.
+// datagrams (or frames) of a bounded size; 0 means no bound.
 type DatagramLimiter interface {
 	MaxDatagram() Size
 }
@@ -231,15 +231,30 @@ type FragmentSizer interface {
 	FragmentSize() Size
 }
 
+// ControlSizer is implemented by the config of a layer that sends control
+// messages of its own below FRAG (GMS, STABLE, discovery, MERGE3), which
+// FRAG never cuts. MinControlLimit is the smallest Stack.ControlLimit with
+// which they all fit one datagram: the largest message the layer sends
+// whole, or the smallest part it cuts its larger messages into.
+type ControlSizer interface {
+	MinControlLimit() Size
+}
+
+// Headroom is what a message needs in a datagram beyond what the layer
+// that made it put in (its header and payload): the bundle's preamble,
+// the message's own preamble and every other layer's headers.
+const Headroom = 1024
+
 // FragmentHeadroom is what a fragment needs beyond its payload in a
-// datagram: the bundle's preamble and every layer's headers.
-const FragmentHeadroom = 1024
+// datagram: Headroom.
+const FragmentHeadroom = Headroom
 
 // checkSizes refuses fragments that cannot fit the transport's largest
-// datagram.
+// datagram, and control messages (whole, or their parts) that cannot.
 func (sc *StackConfig) checkSizes() error {
-	lim, ok := sc.Protocols[0].Config.(DatagramLimiter)
-	if !ok {
+	tr := sc.Protocols[0]
+	lim, ok := tr.Config.(DatagramLimiter)
+	if !ok || lim.MaxDatagram() <= 0 {
 		return nil
 	}
 	for _, p := range sc.Protocols[1:] {
@@ -255,7 +270,20 @@ func (sc *StackConfig) checkSizes() error {
 		}
 		return &ConfigError{File: sc.File, Line: line, Protocol: p.Type.Name, Key: "frag_size",
 			Reason: fmt.Sprintf("%s does not fit %s's largest datagram (%s) with %d bytes for headers; make it at most %s",
-				fs.FragmentSize(), sc.Protocols[0].Type.Name, lim.MaxDatagram(), FragmentHeadroom, lim.MaxDatagram()-FragmentHeadroom)}
+				fs.FragmentSize(), tr.Type.Name, lim.MaxDatagram(), FragmentHeadroom, lim.MaxDatagram()-FragmentHeadroom)}
+	}
+	for _, p := range sc.Protocols[1:] {
+		cs, ok := p.Config.(ControlSizer)
+		if !ok || lim.MaxDatagram()-Headroom >= cs.MinControlLimit() {
+			continue
+		}
+		line := tr.Line
+		if l, ok := tr.Keys["max_bundle_size"]; ok && l > 0 {
+			line = l
+		}
+		return &ConfigError{File: sc.File, Line: line, Protocol: tr.Type.Name, Key: "max_bundle_size",
+			Reason: fmt.Sprintf("%s cannot carry %s's control messages: they need %s (whole, or each of their parts) and %d bytes for headers; make it at least %s",
+				lim.MaxDatagram(), p.Type.Name, cs.MinControlLimit(), Headroom, cs.MinControlLimit()+Headroom)}
 	}
 	return nil
 }

@@ -133,7 +133,7 @@ func TestLoadConfigFileErrorsNameTheFile(t *testing.T) {
 	p := filepath.Join(dir, "stack.toml")
 	require.NoError(t, os.WriteFile(p, []byte("[[protocol]]\ntype = \"SIM\"\nbogus = 1\n"), 0o644))
 	_, err := stack.LoadConfig(p)
-	require.EqualError(t, err, p+`:3: SIM: bogus: unknown key (valid keys: network, seed, queue_len, max_queued_bytes, bind_addr, bind_port, port_range)`)
+	require.EqualError(t, err, p+`:3: SIM: bogus: unknown key (valid keys: network, seed, queue_len, max_queued_bytes, max_bundle_size, bind_addr, bind_port, port_range)`)
 	_, err = stack.LoadConfig(filepath.Join(dir, "missing.toml"))
 	require.ErrorContains(t, err, "missing.toml")
 }

@@ -19,6 +19,11 @@ type MemberInfo struct {
 // maxMemberName bounds a logical name on the wire.
 const maxMemberName = 255
 
+// MaxMemberInfoSize is the largest encoding of a MemberInfo (a name of the
+// longest a receiver takes, an IPv6 address): what discovery and MERGE3
+// messages need, whatever the group's size.
+const MaxMemberInfoSize = AddressSize + 2 + maxMemberName + 1 + 16 + 2 + 1 + AddressSize
+
 // AppendMemberInfo appends mi's encoding (discovery and MERGE3 send it).
 func AppendMemberInfo(b []byte, mi MemberInfo) []byte {
 	b = AppendAddress(b, mi.Addr)

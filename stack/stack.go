@@ -15,15 +15,16 @@ import (
 // a top layer that hands messages and events to the channel. Layers can be
 // inserted and removed at runtime (tests place fault injectors that way).
 type Stack struct {
-	mu      sync.Mutex
-	protos  []Protocol // bottom first
-	top     *topLayer
-	state   stackState
-	local   atomic.Pointer[Address]
-	cluster atomic.Pointer[string]
-	log     *slog.Logger
-	lanes   *lanes
-	rand    atomic.Pointer[Rand]
+	mu       sync.Mutex
+	protos   []Protocol // bottom first
+	top      *topLayer
+	state    stackState
+	local    atomic.Pointer[Address]
+	cluster  atomic.Pointer[string]
+	log      *slog.Logger
+	lanes    *lanes
+	rand     atomic.Pointer[Rand]
+	maxDgram atomic.Int64 // the transport's largest datagram (0: no bound)
 }
 
 type stackState int

@@ -200,6 +200,30 @@ const DefaultMaxQueued = 16 << 20
 // control cannot grow this member's memory. Transports call it from Init.
 func (t *TransportBase) SetMaxQueued(n Size) { t.st.lanes.maxBytes.Store(int64(n)) }
 
+// SetMaxDatagram records the largest datagram (or frame) the transport
+// sends (its max_bundle_size; 0: no bound), for the layers that size their
+// control messages by it (Stack.ControlLimit). Transports call it from Init.
+func (t *TransportBase) SetMaxDatagram(n Size) { t.st.maxDgram.Store(int64(n)) }
+
+// DefaultControlLimit is the control budget of a transport without a bound
+// on its datagrams: what a 64 KB datagram leaves.
+const DefaultControlLimit = 65000 - Headroom
+
+// ControlLimit is how large a control message may be, a protocol's header
+// and payload together, to fit one datagram of the transport with
+// Headroom for the rest: the transport's largest datagram less Headroom
+// (DefaultControlLimit when the transport has no bound). A protocol whose
+// messages can grow with the group (GMS's views and digests, STABLE's
+// votes) sends larger ones in parts of at most this size; the loader
+// refuses a stack in which a protocol's smallest part would not fit
+// (ControlSizer).
+func (s *Stack) ControlLimit() int {
+	if n := s.maxDgram.Load(); n > 0 {
+		return int(n) - Headroom
+	}
+	return DefaultControlLimit
+}
+
 // Receive decodes a datagram holding a bundle and delivers its messages,
 // split by lane. Bundles of another cluster or wire version, malformed input,
 // own multicasts (already looped back) and unicasts for another member are

@@ -129,6 +129,7 @@ func (t *TCP) Init() error {
 	}
 	t.bindIP = ip
 	t.SetMaxQueued(t.cfg.MaxQueued)
+	t.SetMaxDatagram(t.cfg.BundleSize)
 	t.bufs = transport.NewBufPool(int(t.cfg.BundleSize) + 256)
 	return nil
 }

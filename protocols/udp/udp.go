@@ -108,6 +108,7 @@ func (u *UDP) Init() error {
 	}
 	u.bindIP, u.iface = ip, ifc
 	u.SetMaxQueued(u.cfg.MaxQueued)
+	u.SetMaxDatagram(u.cfg.BundleSize)
 	if u.cfg.IPMcast {
 		g := netip.MustParseAddr(u.cfg.McastAddr)
 		u.group = net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, uint16(u.cfg.McastPort)))
