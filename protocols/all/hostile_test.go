@@ -40,11 +40,11 @@ func simStack(t testing.TB, file, secretFile string) []byte {
 	next := strings.Index(s[tr+1:], "[[protocol]]") + tr + 1
 	require.True(t, next > tr, "%s has a protocol above its transport", file)
 	table := "[[protocol]]\ntype = \"SIM\"\nnetwork = \"${STRATA_SIM_NETWORK}\"\n"
-	if isTCP {
-		for line := range strings.Lines(s[tr:next]) {
-			if k, _, _ := strings.Cut(line, " = "); k == "bind_addr" || k == "bind_port" || k == "port_range" {
-				table += line
-			}
+	for line := range strings.Lines(s[tr:next]) {
+		// The datagram limit goes with it: SIM refuses larger packets as
+		// UDP does (and TCP larger frames).
+		if k, _, _ := strings.Cut(line, " = "); k == "max_bundle_size" || isTCP && (k == "bind_addr" || k == "bind_port" || k == "port_range") {
+			table += line
 		}
 	}
 	s = s[:tr] + table + "\n" + s[next:]

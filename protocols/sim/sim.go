@@ -5,8 +5,10 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/strata-go/strata/stack"
 )
@@ -18,6 +20,9 @@ type Config struct {
 	QueueLen int    `toml:"queue_len" doc:"packets a member's inbox holds; more are dropped and counted, as by a full socket buffer"`
 	// MaxQueued is UDP's max_queued_bytes.
 	MaxQueued stack.Size `toml:"max_queued_bytes" doc:"received bytes waiting for delivery per sender (regular lane) or per lane (OOB, internal); more are dropped and counted (0: no bound)"`
+	// BundleSize is UDP's max_bundle_size: a datagram limit, so that tests
+	// over SIM meet the limits a real network sets.
+	BundleSize stack.Size `toml:"max_bundle_size" doc:"largest packet SIM carries, as UDP's largest datagram; a larger message is refused as UDP refuses it (0: no bound)"`
 	// A network address, as TCP's and UDP's bind keys give one: for
 	// discovery that probes host:port lists (STATIC_PING).
 	BindAddr  string `toml:"bind_addr" doc:"IP address of the member's network address (with bind_port)"`
@@ -41,6 +46,9 @@ func (c *Config) Validate() error {
 	if c.MaxQueued < 0 {
 		return stack.BadKey("max_queued_bytes", "must be >= 0, got %d", c.MaxQueued)
 	}
+	if c.BundleSize != 0 && (c.BundleSize < 512 || c.BundleSize > stack.MaxPayload) {
+		return stack.BadKey("max_bundle_size", "must be 0 (no bound) or between 512 bytes and %d, got %d", stack.MaxPayload, c.BundleSize)
+	}
 	switch {
 	case c.BindPort < 0 || c.BindPort > 65535:
 		return stack.BadKey("bind_port", "must be 0..65535, got %d", c.BindPort)
@@ -55,6 +63,10 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// MaxDatagram is max_bundle_size (0: no bound), for the loader's checks of
+// what fits one packet.
+func (c *Config) MaxDatagram() stack.Size { return c.BundleSize }
 
 // bind is the first address to try (port 0: none).
 func (c *Config) bind() netip.AddrPort {
@@ -81,10 +93,15 @@ func init() {
 // its sender's address (Message.From).
 type SIM struct {
 	stack.TransportBase
-	cfg Config
-	net *Network
-	ep  *endpoint
+	cfg    Config
+	net    *Network
+	ep     *endpoint
+	tooBig atomic.Int64 `stat:"msgs_too_big"`
 }
+
+// ErrMessageTooBig is returned by Down for a message whose packet is larger
+// than max_bundle_size, as UDP refuses one.
+var ErrMessageTooBig = errors.New("sim: message larger than max_bundle_size")
 
 var _ stack.Transport = (*SIM)(nil)
 
@@ -103,6 +120,7 @@ func (s *SIM) Init() error {
 		return err
 	}
 	s.SetMaxQueued(s.cfg.MaxQueued)
+	s.SetMaxDatagram(s.cfg.BundleSize)
 	return nil
 }
 
@@ -149,6 +167,12 @@ func (s *SIM) Stop() {
 func (s *SIM) Down(ctx context.Context, m *stack.Message) error {
 	if len(m.Payload) > stack.MaxPayload {
 		return fmt.Errorf("sim: payload of %d bytes exceeds %d", len(m.Payload), stack.MaxPayload)
+	}
+	if s.cfg.BundleSize > 0 {
+		if n := stack.BundleOverhead + len(s.Stack().Cluster()) + m.EncodedSize(s.LocalAddress()); n > int(s.cfg.BundleSize) {
+			s.tooBig.Add(1)
+			return fmt.Errorf("%w: %d bytes, max_bundle_size %d", ErrMessageTooBig, n, s.cfg.BundleSize)
+		}
 	}
 	if !s.PrepareSend(m) {
 		return nil
@@ -215,3 +239,8 @@ func (s *SIM) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, erro
 // Inject hands raw bytes to the member as if they came from the network,
 // for tests of malformed input.
 func (s *SIM) Inject(pkt []byte) { s.Receive(pkt, netip.AddrPort{}) }
+
+// Stats reports the transport's counters and SIM's own.
+func (s *SIM) Stats() []stack.Stat {
+	return append(s.TransportBase.Stats(), stack.CounterStats(s)...)
+}
