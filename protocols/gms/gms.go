@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/strata-go/strata/internal/parts"
 	"github.com/strata-go/strata/stack"
 )
 
@@ -156,6 +157,7 @@ type counters struct {
 	deltasSent      atomic.Int64 `stat:"delta_views_sent"`
 	deltasApplied   atomic.Int64 `stat:"delta_views_applied"`
 	deltasMissed    atomic.Int64 `stat:"delta_views_without_previous"` // a full view asked for (GET_VIEW)
+	partsSent       atomic.Int64 `stat:"parts_sent"`
 }
 
 // GMS is the group membership protocol.
@@ -190,6 +192,7 @@ type GMS struct {
 	askedCoord    stack.Address // whom askToJoin waits for; guarded by mu
 	leaveDone     chan struct{}
 	wake          chan struct{}
+	parts         *parts.Reassembler
 	count         counters
 }
 
@@ -199,7 +202,7 @@ var (
 )
 
 // New returns a GMS layer.
-func New(cfg Config) *GMS { return &GMS{cfg: cfg} }
+func New(cfg Config) *GMS { return &GMS{cfg: cfg, parts: parts.NewReassembler(partLimits)} }
 
 // Name returns "GMS".
 func (g *GMS) Name() string { return "GMS" }
@@ -209,6 +212,9 @@ func (g *GMS) Init() error { return g.cfg.Validate() }
 
 // Start resets the membership state and starts the view handler.
 func (g *GMS) Start() error {
+	if lim := g.Stack().ControlLimit(); lim < minControlLimit {
+		return fmt.Errorf("gms: the transport's datagrams leave %d bytes for a control message, and GMS needs at least %d (a larger max_bundle_size)", lim, minControlLimit)
+	}
 	g.mu.Lock()
 	g.view, g.leaving, g.acks, g.merge = nil, false, nil, nil
 	g.suspects = map[stack.Address]bool{}
@@ -257,10 +263,29 @@ func (g *GMS) send(dest stack.Address, h *Header) {
 		// A view is ordered after the coordinator's earlier multicasts.
 		flags = stack.Internal
 	}
-	m := stack.NewMessage(dest, nil).Set(flags)
+	if limit := g.Stack().ControlLimit(); h.Size() > limit {
+		g.sendParts(dest, h, flags, limit)
+		return
+	}
+	g.sendMsg(stack.NewMessage(dest, nil).Set(flags), h)
+}
+
+// sendParts sends h, too large for one datagram, in parts of at most limit
+// bytes with the same flags (see parts.go).
+func (g *GMS) sendParts(dest stack.Address, h *Header, flags stack.Flags, limit int) {
+	b := h.AppendTo(make([]byte, 0, h.Size()))
+	chunks := parts.Split(b, limit-maxPartHeader)
+	id := parts.ID(b)
+	g.count.partsSent.Add(int64(len(chunks)))
+	for i, c := range chunks {
+		g.sendMsg(stack.NewMessage(dest, c).Set(flags), &Header{Type: typePart, Part: Part{Of: h.Type, ID: id, Index: uint32(i), Count: uint32(len(chunks))}})
+	}
+}
+
+func (g *GMS) sendMsg(m *stack.Message, h *Header) {
 	m.PutHeader(g.ID(), h)
 	if err := g.PassDown(g.Context(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
-		g.Log().Debug("gms: send failed", "type", h.Kind(), "to", dest, "error", err)
+		g.Log().Debug("gms: send failed", "type", h.Kind(), "to", m.Dest, "error", err)
 	}
 }
 
@@ -350,6 +375,8 @@ func (g *GMS) Stats() []stack.Stat {
 	g.mu.Unlock()
 	return append(stack.CounterStats(&g.count),
 		stack.Stat{Name: "view_size", Value: size},
+		stack.Stat{Name: "parts_messages_completed", Value: g.parts.Completed.Load(), Counter: true},
+		stack.Stat{Name: "parts_dropped", Value: g.parts.Dropped.Load(), Counter: true},
 	)
 }
 

@@ -861,3 +861,46 @@ func TestMemberThatMissedAViewInstallsTheRightOneFromADelta(t *testing.T) {
 		grouptest.CheckViewHistories(t, []*grouptest.Member{a, b, c, d, j})
 	})
 }
+
+// TestGroupOutgrowsItsDatagramsAndStillJoinsAndMerges: with 2 KB
+// datagrams, a join answer (the view and the digest, about 35 bytes a
+// member) outgrew one datagram at the 57th member, and the joiner never
+// got in. GMS now sends such messages in parts through the reliable
+// layers: 100 members start, another joins one by one, the group splits
+// in halves and merges back (merge answers, merge view and digest of 101
+// members, several parts each), all under 10% loss.
+func TestGroupOutgrowsItsDatagramsAndStillJoinsAndMerges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 100
+		l := grouptest.New(t, 1)
+		l.MaxDatagram = 2048
+		ms := l.Start(n)
+		l.Net.SetDefault(sim.Rule{Drop: 0.1})
+		j := l.Add()
+		l.ConnectAll(j)
+		all := append(slices.Clone(ms), j)
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(all...) }, "%d members in one view", n+1)
+		require.Greater(t, stacktest.Stat(t, ms[0].GMS, "parts_sent"), int64(0), "the coordinator sent messages in parts")
+
+		left, right := all[:n/2], all[n/2:]
+		addrs := func(ms []*grouptest.Member) []stack.Address {
+			var out []stack.Address
+			for _, m := range ms {
+				out = append(out, m.Addr())
+			}
+			return out
+		}
+		l.Net.Partition(addrs(left), addrs(right))
+		stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(left...) && grouptest.SameView(right...) }, "two views, of %d and %d", len(left), len(right))
+		l.Net.Heal()
+		stacktest.WaitFor(t, 3*time.Minute, func() bool { return grouptest.SameView(all...) }, "one view of all %d after healing", len(all))
+		v := all[0].Ch.View()
+		require.True(t, v.IsMerge(), "the view after healing is a merge view: %s", v.ID)
+		var tooBig int64
+		for _, m := range all {
+			tooBig += stacktest.Stat(t, stack.Of(m.Ch).Protocols()[0].(stack.StatsReporter), "msgs_too_big")
+		}
+		require.Zero(t, tooBig, "no message outgrew a datagram")
+		grouptest.CheckViewHistories(t, all)
+	})
+}

@@ -20,10 +20,11 @@ const (
 	typeInstallView uint8 = 9  // merge leader -> every member: the merge view and digest
 	typeCancelMerge uint8 = 10 // merge leader -> subgroup coordinators: the merge is off
 	typeGetView     uint8 = 11 // member -> a delta's sender: it lacks the view the delta applies to; send the view in full
-	maxType               = typeGetView
+	typePart        uint8 = 12 // one part of a message too large for one datagram (its bytes in the payload)
+	maxType               = typePart
 )
 
-var typeNames = [...]string{"?", "JOIN_REQ", "JOIN_RSP", "VIEW", "VIEW_ACK", "LEAVE_REQ", "LEAVE_RSP", "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW", "CANCEL_MERGE", "GET_VIEW"}
+var typeNames = [...]string{"?", "JOIN_REQ", "JOIN_RSP", "VIEW", "VIEW_ACK", "LEAVE_REQ", "LEAVE_RSP", "MERGE_REQ", "MERGE_RSP", "INSTALL_VIEW", "CANCEL_MERGE", "GET_VIEW", "PART"}
 
 // Which optional fields a header carries (one bit each).
 const (
@@ -57,9 +58,26 @@ type Header struct {
 	Coord   stack.Address // JOIN_RSP refusal: whom to ask instead
 	Fail    string        // JOIN_RSP, MERGE_RSP refusals; LEAVE_REQ: a declined join
 	State   bool          // JOIN_REQ: fetch the state inside the join's flush
+	Part    Part          // PART: which part of which message
 
 	refused error // a JOIN_RSP made of an EvJoinRefused: why (not encoded)
 }
+
+// Part says which part a PART message is: of a message of type Of whose
+// encoding hashes to ID (parts.ID), part Index of Count. Its payload holds
+// the part's bytes of that encoding.
+type Part struct {
+	Of           uint8
+	ID           uint64
+	Index, Count uint32
+}
+
+// maxPartHeader bounds a PART header's encoding: type, Of, ID, Index and
+// Count as uvarints.
+const maxPartHeader = 2 + 10 + 5 + 5
+
+// maxParts bounds a message's parts on the wire.
+const maxParts = 1 << 20
 
 // Kind names the message type ("JOIN_REQ", "VIEW", ...), for logs and for
 // tests that pick messages to drop.
@@ -103,6 +121,9 @@ func (h *Header) bits() uint8 {
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
+	if h.Type == typePart {
+		return 2 + wire.UvarintSize(h.Part.ID) + wire.UvarintSize(uint64(h.Part.Index)) + wire.UvarintSize(uint64(h.Part.Count))
+	}
 	n := 2
 	bits := h.bits()
 	if bits&hasView != 0 {
@@ -131,6 +152,12 @@ func (h *Header) Size() int {
 
 // AppendTo appends the encoding.
 func (h *Header) AppendTo(b []byte) []byte {
+	if h.Type == typePart {
+		b = append(b, h.Type, h.Part.Of)
+		b = wire.AppendUvarint(b, h.Part.ID)
+		b = wire.AppendUvarint(b, uint64(h.Part.Index))
+		return wire.AppendUvarint(b, uint64(h.Part.Count))
+	}
 	bits := h.bits()
 	b = append(b, h.Type, bits)
 	if bits&hasView != 0 {
@@ -163,6 +190,18 @@ func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	bits := r.Uint8()
 	if r.Err() == nil && (h.Type == 0 || h.Type > maxType) {
 		r.Fail("GMS message type %d", h.Type)
+	}
+	if h.Type == typePart {
+		h.Part = Part{Of: bits, ID: r.Uvarint()}
+		idx, cnt := r.Uvarint(), r.Uvarint()
+		if r.Err() == nil && (bits == 0 || bits >= typePart || cnt == 0 || cnt > maxParts || idx >= cnt) {
+			r.Fail("GMS part %d of %d of a message of type %d", idx, cnt, bits)
+		}
+		if err := r.Err(); err != nil {
+			return nil, err
+		}
+		h.Part.Index, h.Part.Count = uint32(idx), uint32(cnt)
+		return h, nil
 	}
 	if bits&hasView != 0 {
 		h.View = stack.ReadView(r)
@@ -274,13 +313,18 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeMergeRsp, MergeID: mid, Fail: "busy"},
 		&Header{Type: typeInstallView, MergeID: mid, View: mv, Digest: d},
 		&Header{Type: typeCancelMerge, MergeID: mid},
+		&Header{Type: typePart, Part: Part{Of: typeJoinRsp, ID: 1 << 63, Index: 2, Count: 3}},
 	}
 }
 
 // Membership classifies the message for a layer that guards membership
 // (AUTH): joins, merges and views to install need a proven sender.
 func (h *Header) Membership() stack.MembershipKind {
-	switch h.Type {
+	t := h.Type
+	if t == typePart {
+		t = h.Part.Of // a part is guarded as the message it is part of
+	}
+	switch t {
 	case typeJoinReq:
 		return stack.MembershipJoinRequest
 	case typeMergeReq, typeMergeRsp:

@@ -13,6 +13,10 @@ func (g *GMS) Up(m *stack.Message) {
 		g.PassUp(m)
 		return
 	}
+	if h.Type == typePart {
+		g.part(m.Src, h.Part, m.Payload)
+		return
+	}
 	g.handle(m.Src, h)
 }
 

@@ -91,6 +91,9 @@ type Lab struct {
 	GMS     gms.Config
 	// Top returns member i's layers above GMS (FRAG is always there).
 	Top func(i int) []stack.Protocol
+	// MaxDatagram is SIM's max_bundle_size (0: no bound): larger packets
+	// are refused, as UDP refuses larger datagrams.
+	MaxDatagram stack.Size
 	// Receiver wraps member i's collector into its receiver (default: the
 	// collector itself).
 	Receiver func(i int, col *stacktest.Collector) stack.Receiver
@@ -109,6 +112,7 @@ func (l *Lab) Add() *Member {
 	i := len(l.Members)
 	simCfg := sim.DefaultConfig()
 	simCfg.Network = l.Net.Name()
+	simCfg.BundleSize = l.MaxDatagram
 	pingCfg := ping.DefaultConfig()
 	pingCfg.Timeout = 500 * time.Millisecond
 	fdCfg := fdall.Config{Interval: FDInterval, Timeout: FDTimeout, CheckInterval: FDCheck}
