@@ -45,6 +45,15 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// MinControlLimit is the largest MERGE3 message (an announcement: a view
+// id and a MemberInfo; no member list), for the loader's check of the
+// transport's largest datagram.
+func (c *Config) MinControlLimit() stack.Size {
+	return stack.Size(stack.AddressSize + 10 + stack.MaxMemberInfoSize)
+}
+
+var _ stack.ControlSizer = (*Config)(nil)
+
 func (c Config) check() time.Duration {
 	if c.CheckInterval > 0 {
 		return c.CheckInterval

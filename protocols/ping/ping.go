@@ -38,6 +38,15 @@ func DefaultConfig() Config {
 	return Config{Timeout: time.Second, BreakOnCoord: true, Runs: 2}
 }
 
+// MinControlLimit is the largest discovery message (the sender's MemberInfo
+// and a target; answers come one per member, never a list), for the
+// loader's check of the transport's largest datagram.
+func (c *Config) MinControlLimit() stack.Size {
+	return stack.Size(1 + stack.MaxMemberInfoSize + stack.AddressSize)
+}
+
+var _ stack.ControlSizer = (*Config)(nil)
+
 // Validate checks the config.
 func (c *Config) Validate() error {
 	switch {

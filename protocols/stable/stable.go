@@ -70,8 +70,33 @@ func init() {
 }
 
 // maxEntries bounds the digest entries of one STABLE message (about 36
-// bytes each at most): larger votes and announcements go in parts.
+// bytes each at most): larger votes and announcements go in parts. A
+// transport with small datagrams makes the parts smaller (perPart).
 var maxEntries = 1000
+
+// maxEntrySize is the largest encoding of one digest entry: an address
+// and two seqnos.
+const maxEntrySize = stack.AddressSize + 2*10
+
+// headerFixed bounds a STABLE header without its digest entries: type,
+// last, view id and the entry count.
+const headerFixed = 2 + stack.AddressSize + 10 + 5
+
+// minControlLimit is the smallest stack.ControlLimit STABLE works with: a
+// part of one entry.
+const minControlLimit = headerFixed + maxEntrySize
+
+// MinControlLimit is the smallest stack.ControlLimit STABLE works with, for
+// the loader's check of the transport's largest datagram.
+func (c *Config) MinControlLimit() stack.Size { return minControlLimit }
+
+var _ stack.ControlSizer = (*Config)(nil)
+
+// perPart is how many digest entries one STABLE message carries: at most
+// maxEntries, and what fits the stack's ControlLimit.
+func (s *STABLE) perPart() int {
+	return max(1, min(maxEntries, (s.Stack().ControlLimit()-headerFixed)/maxEntrySize))
+}
 
 // wholeEvery is how often, in rounds, the coordinator announces every
 // sender's stable seqno rather than only those that changed.
@@ -222,7 +247,7 @@ func (s *STABLE) vote(whole bool) {
 	}
 	send := changedSince(d, &s.voted, whole)
 	s.mu.Unlock()
-	parts := split(send)
+	parts := split(send, s.perPart())
 	for i, part := range parts {
 		s.sent.Add(1)
 		if err := s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Digest: part}); err != nil {
@@ -261,13 +286,13 @@ func changedSince(d stack.Digest, last *map[stack.Address]uint64, whole bool) st
 	return out
 }
 
-// split cuts d into parts of at most maxEntries; an empty digest is one
+// split cuts d into parts of at most n entries; an empty digest is one
 // empty part.
-func split(d stack.Digest) []stack.Digest {
-	parts := make([]stack.Digest, 0, len(d)/maxEntries+1)
-	for len(d) > maxEntries {
-		parts = append(parts, d[:maxEntries])
-		d = d[maxEntries:]
+func split(d stack.Digest, n int) []stack.Digest {
+	parts := make([]stack.Digest, 0, len(d)/n+1)
+	for len(d) > n {
+		parts = append(parts, d[:n])
+		d = d[n:]
 	}
 	return append(parts, d)
 }
@@ -407,7 +432,7 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	s.rounds.Add(1)
 	_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: minD})
 	if v.Size() > 1 && len(tell) > 0 {
-		parts := split(tell)
+		parts := split(tell, s.perPart())
 		for i, part := range parts {
 			_ = s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
 		}
