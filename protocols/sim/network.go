@@ -400,14 +400,16 @@ type out struct {
 }
 
 // deliver hands pkt, from the network address from, to each receiver.
+// Every receiver gets the same bytes, not a copy each: a receiver decodes
+// in place and never writes into a packet (decoded payloads are capped
+// at their own length, so an append to one cannot reach into the next),
+// as UDP's receivers read in place from their arena. A multicast to N
+// members then costs its bytes once, not N times, which is what bounded
+// the scale suite's group size by memory.
 func deliver(outs []out, pkt []byte, from netip.AddrPort) {
 	for _, o := range outs {
-		for c := range o.f.copies {
-			p := pkt
-			if len(outs) > 1 || c > 0 {
-				p = append([]byte(nil), pkt...)
-			}
-			o.ep.enqueue(packet{p, from}, o.f.delay)
+		for range o.f.copies {
+			o.ep.enqueue(packet{pkt, from}, o.f.delay)
 		}
 	}
 }
