@@ -14,6 +14,7 @@ import (
 
 	"github.com/strata-go/strata/protocols/discard"
 	"github.com/strata-go/strata/protocols/nakack"
+	"github.com/strata-go/strata/protocols/sim"
 	"github.com/strata-go/strata/protocols/stable"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
@@ -325,5 +326,37 @@ func TestVoteAfterAFailedOneIsWhole(t *testing.T) {
 		}, "the coordinator gets a vote from B")
 		require.True(t, slices.ContainsFunc(first.Digest, func(e stack.DigestEntry) bool { return e.Member == cAddr && e.HighestDelivered == 10 }),
 			"B's first vote that arrives says it has delivered C's 10 messages: %v", first.Digest)
+	})
+}
+
+// TestPartsFitTheTransportsDatagrams: with 1.5 KB datagrams (a
+// ControlLimit of 512 bytes), a whole vote of 40 members' entries (about
+// 800 bytes) does not fit one; STABLE cuts votes and announcements into
+// parts that do, so every member still purges everything (whole votes
+// refused by the transport would leave the coordinator without a round).
+func TestPartsFitTheTransportsDatagrams(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		net := stacktest.NewNetwork(t, 1)
+		g := &stableGroup{}
+		var sims []*sim.SIM
+		g.c = stacktest.Start(t, n, func(i int) []stack.Protocol {
+			scfg := sim.DefaultConfig()
+			scfg.Network, scfg.BundleSize = net.Name(), 1536
+			cfg := stable.DefaultConfig()
+			cfg.Interval, cfg.MaxBytes = time.Second, 1000
+			s, nk, st := sim.New(scfg), nakack.New(nakack.DefaultConfig()), stable.New(cfg)
+			sims, g.naks, g.sts = append(sims, s), append(g.naks, nk), append(g.sts, st)
+			return []stack.Protocol{s, nk, st}
+		})
+		g.c.Net = net
+		g.c.InjectView(t)
+		for i, ch := range g.c.Channels {
+			require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(i, 0, 100))))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
+		for i, s := range sims {
+			require.Zero(t, stacktest.Stat(t, s, "msgs_too_big"), "member %d sent nothing larger than a datagram", i)
+		}
 	})
 }
