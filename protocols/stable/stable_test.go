@@ -330,13 +330,13 @@ func TestVoteAfterAFailedOneIsWhole(t *testing.T) {
 }
 
 // TestPartsFitTheTransportsDatagrams: with 1.5 KB datagrams (a
-// ControlLimit of 512 bytes), a whole vote of 40 members' entries (about
-// 800 bytes) does not fit one; STABLE cuts votes and announcements into
+// ControlLimit of 512 bytes), a whole vote of 100 members' entries (about
+// 1.8 KB) does not fit one; STABLE cuts votes and announcements into
 // parts that do, so every member still purges everything (whole votes
 // refused by the transport would leave the coordinator without a round).
 func TestPartsFitTheTransportsDatagrams(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 40
+		const n = 100
 		net := stacktest.NewNetwork(t, 1)
 		g := &stableGroup{}
 		var sims []*sim.SIM
