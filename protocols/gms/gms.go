@@ -13,6 +13,11 @@
 // takes over. MERGE3 below reports
 // other subgroups after a partition; the merge leader gathers their views
 // and digests and installs one merge view on every member.
+//
+// Views and digests grow with the group, and GMS sits below FRAG: a
+// message larger than one datagram goes in parts through the reliable
+// layers below and is put back together at the receiver (parts.go says
+// why this way), so no group size meets the datagram's limit.
 package gms
 
 import (
