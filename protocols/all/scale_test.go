@@ -290,6 +290,9 @@ func runScale(t *testing.T, n int) string {
 		require.NoError(t, g.add().Connect(ctx, "scale"), "member %d joins", i)
 		joinTime = g.converge(start, bound, g.alive(), fmt.Sprintf("join of member %d", i))
 		last = tr.since(sl)
+		if (i+1)%100 == 0 {
+			t.Logf("N=%d: %d members joined one by one", n, i+1) // progress, for long runs
+		}
 	}
 	seqCost := tr.since(s0).per(seq)
 	t.Logf("N=%d: the last sequential join by protocol (packets, bytes sent, bytes delivered): %s", n, tr.byClass(lastSnap))
