@@ -2,7 +2,8 @@ package all_test
 
 // The scale suite runs udp.toml (SIM in place of UDP) at sizes given by
 // STRATA_SCALE ("128", or "64,128,256"), in virtual time; without it the
-// test is skipped. For each size N it takes the group through sequential
+// test is skipped. STRATA_SCALE_MAX_BUNDLE_SIZE ("2KB") sets SIM's
+// datagram limit in place of udp.toml's 64KB. For each size N it takes the group through sequential
 // joins, min(50, N/2) members joining at once, a steady light load, the
 // crash of a member, the crash of the coordinator, a partition into two
 // halves that heals and merges, and a graceful leave. After each event it
@@ -266,6 +267,14 @@ func runScale(t *testing.T, n int) string {
 	g := &scaleGroup{t: t, net: stacktest.NewNetwork(t, 1)}
 	g.net.SetTap(tr.tap)
 	g.data = simStack(t, "udp.toml", "")
+	if b := os.Getenv("STRATA_SCALE_MAX_BUNDLE_SIZE"); b != "" {
+		// Smaller datagrams ("2KB"): control messages go in more parts,
+		// and FRAG cuts the load's messages to fit.
+		d := strings.Replace(string(g.data), `max_bundle_size = "64KB"`, fmt.Sprintf("max_bundle_size = %q", b), 1)
+		d = strings.Replace(d, `frag_size = "60KB"`, `frag_size = "512B"`, 1)
+		require.Contains(t, d, b)
+		g.data = []byte(d)
+	}
 	g.vars = map[string]string{"STRATA_SIM_NETWORK": g.net.Name()}
 	defer func() {
 		for i := len(g.chs) - 1; i >= 0; i-- {
