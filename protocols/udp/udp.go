@@ -86,7 +86,7 @@ var (
 )
 
 // New returns a UDP transport with cfg.
-func New(cfg Config) *UDP { return &UDP{cfg: cfg} }
+func New(cfg Config) *UDP { return &UDP{cfg: cfg, echo: newEchoPacer()} }
 
 // Name returns "UDP".
 func (u *UDP) Name() string { return "UDP" }
@@ -115,7 +115,6 @@ func (u *UDP) Init() error {
 	}
 	u.bufs = transport.NewBufPool(int(u.cfg.BundleSize) + 256)
 	u.sndPool.New = func() any { return &sender{u: u} }
-	u.echo = newEchoPacer()
 	return nil
 }
 
