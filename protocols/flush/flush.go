@@ -92,6 +92,7 @@ type counters struct {
 	viewWaits      atomic.Int64 `stat:"safety_waits_for_view"`
 	wentWithout    atomic.Int64 `stat:"participants_left_out"`
 	endsAgain      atomic.Int64 `stat:"round_ends_sent_again"`
+	malformed      atomic.Int64 `stat:"malformed_dropped"`
 }
 
 // FLUSH is the FLUSH protocol.

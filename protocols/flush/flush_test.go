@@ -1049,3 +1049,30 @@ func TestJoinerThatDeclinesALateViewTakesNoPartInItsFlush(t *testing.T) {
 		require.True(t, grouptest.SameView(a.Member, j.Member))
 	})
 }
+
+// TestFlushOfAGroupLargerThanADatagram: 80 members over datagrams of
+// 1,536 bytes. A START_FLUSH names 80 participants (1.3 KB) and each
+// FLUSH_COMPLETED carries an 80-entry digest (about 1.6 KB); headers are
+// never fragmented, so FLUSH carries such headers in the payload, which
+// FRAG (frag_size 512) splits. A flush of the whole group completes with
+// no participant left out and no message refused as too big.
+func TestFlushOfAGroupLargerThanADatagram(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 80
+		l := newLab(t, 1)
+		l.MaxDatagram, l.FragSize = 1536, 512
+		ms := l.start(n)
+		before := stacktest.Stat(t, ms[0].f, "flushes_completed")
+		require.NoError(t, ms[0].Ch.StartFlush(t.Context()))
+		require.Greater(t, stacktest.Stat(t, ms[0].f, "flushes_completed"), before)
+		var tooBig, leftOut, failed int64
+		for _, m := range ms {
+			tooBig += stacktest.Stat(t, stack.Of(m.Ch).Protocols()[0].(stack.StatsReporter), "msgs_too_big")
+			leftOut += stacktest.Stat(t, m.f, "participants_left_out")
+			failed += stacktest.Stat(t, m.f, "flushes_failed")
+		}
+		require.Zero(t, tooBig, "no message outgrew a datagram")
+		require.Zero(t, leftOut, "no participant was left out of a flush")
+		require.Zero(t, failed, "no flush failed")
+	})
+}

@@ -9,19 +9,20 @@ import (
 
 // Message types.
 const (
-	typeStart        uint8 = 1 // initiator -> participant: block, answer with your digest
-	typeCompleted    uint8 = 2 // participant -> initiator: blocked; here is my digest
-	typeNotCompleted uint8 = 3 // participant -> initiator: I am in another round (collision)
-	typeReconcile    uint8 = 4 // initiator -> participant: deliver everything up to this digest
-	typeReconcileOK  uint8 = 5 // participant -> initiator: done
-	typeStop         uint8 = 6 // initiator -> participant (and joiners): unblock
-	typeUnblocked    uint8 = 7 // participant -> initiator: unblocked (the stop is synchronous)
-	typeAbort        uint8 = 8 // initiator -> participant: the round is off; unblock
-	typeStateDone    uint8 = 9 // joiner -> coordinator: fetched the state in the join's round
-	maxType                = typeStateDone
+	typeStart        uint8 = 1  // initiator -> participant: block, answer with your digest
+	typeCompleted    uint8 = 2  // participant -> initiator: blocked; here is my digest
+	typeNotCompleted uint8 = 3  // participant -> initiator: I am in another round (collision)
+	typeReconcile    uint8 = 4  // initiator -> participant: deliver everything up to this digest
+	typeReconcileOK  uint8 = 5  // participant -> initiator: done
+	typeStop         uint8 = 6  // initiator -> participant (and joiners): unblock
+	typeUnblocked    uint8 = 7  // participant -> initiator: unblocked (the stop is synchronous)
+	typeAbort        uint8 = 8  // initiator -> participant: the round is off; unblock
+	typeStateDone    uint8 = 9  // joiner -> coordinator: fetched the state in the join's round
+	typeCarried      uint8 = 10 // the message's real header is in its payload (carried)
+	maxType                = typeCarried
 )
 
-var typeNames = [...]string{"?", "START_FLUSH", "FLUSH_COMPLETED", "FLUSH_NOT_COMPLETED", "FLUSH_RECONCILE", "FLUSH_RECONCILE_OK", "STOP_FLUSH", "UNBLOCKED", "ABORT_FLUSH", "STATE_DONE"}
+var typeNames = [...]string{"?", "START_FLUSH", "FLUSH_COMPLETED", "FLUSH_NOT_COMPLETED", "FLUSH_RECONCILE", "FLUSH_RECONCILE_OK", "STOP_FLUSH", "UNBLOCKED", "ABORT_FLUSH", "STATE_DONE", "CARRIED"}
 
 // RoundID names one flush round: its initiator and the initiator's counter.
 // Rounds of one initiator are ordered by N.
@@ -34,6 +35,39 @@ func (r RoundID) String() string { return fmt.Sprintf("%s#%d", r.Initiator, r.N)
 
 // maxParticipants bounds a START_FLUSH's participant list on the wire.
 const maxParticipants = 1 << 16
+
+// maxInline is the largest header FLUSH sends as a header. A START_FLUSH's
+// participants and a digest grow with the group (about 16 and 20 bytes per
+// member), and headers are never fragmented: a larger header goes in the
+// payload of a CARRIED message, which FRAG below splits like any large
+// message, each fragment carried by the reliable layers below it.
+const maxInline = 512
+
+// carried returns h as it goes on the wire: itself, or a CARRIED header
+// and h's encoding as the payload when h is larger than maxInline.
+func carried(h *Header) (*Header, []byte) {
+	if h.Size() <= maxInline {
+		return h, nil
+	}
+	return &Header{Type: typeCarried}, h.AppendTo(make([]byte, 0, h.Size()))
+}
+
+// uncarried returns the header a CARRIED message carries in payload.
+func uncarried(payload []byte) (*Header, error) {
+	r := wire.NewReader(payload)
+	dh, err := decodeHeader(r)
+	if err != nil {
+		return nil, err
+	}
+	h := dh.(*Header)
+	switch {
+	case h.Type == typeCarried:
+		return nil, fmt.Errorf("flush: a CARRIED header carries another")
+	case r.Len() != 0:
+		return nil, fmt.Errorf("flush: %d bytes after a carried header", r.Len())
+	}
+	return h, nil
+}
 
 // Header is a FLUSH message.
 type Header struct {
@@ -158,5 +192,6 @@ func sampleHeaders() []stack.Header {
 		&Header{Type: typeUnblocked, Round: r},
 		&Header{Type: typeAbort, Round: r},
 		&Header{Type: typeStateDone},
+		&Header{Type: typeCarried},
 	}
 }

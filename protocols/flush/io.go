@@ -21,8 +21,9 @@ func (f *FLUSH) send(dest stack.Address, h *Header) {
 		flags = 0
 	}
 	f.mu.Unlock()
-	m := stack.NewMessage(dest, nil).Set(flags)
-	m.PutHeader(f.ID(), h)
+	wh, payload := carried(h)
+	m := stack.NewMessage(dest, payload).Set(flags)
+	m.PutHeader(f.ID(), wh)
 	if err := f.PassDown(f.Context(), m); err != nil && !errors.Is(err, stack.ErrClosed) {
 		f.Log().Debug("flush: send failed", "type", h.Kind(), "to", dest, "error", err)
 	}
@@ -34,6 +35,14 @@ func (f *FLUSH) Up(m *stack.Message) {
 	if !ok {
 		f.PassUp(m)
 		return
+	}
+	if h.Type == typeCarried {
+		var err error
+		if h, err = uncarried(m.Payload); err != nil {
+			f.count.malformed.Add(1)
+			f.Log().Debug("flush: a carried header does not decode", "from", m.Src, "error", err)
+			return
+		}
 	}
 	f.handle(m.Src, h)
 }

@@ -94,6 +94,9 @@ type Lab struct {
 	// MaxDatagram is SIM's max_bundle_size (0: no bound): larger packets
 	// are refused, as UDP refuses larger datagrams.
 	MaxDatagram stack.Size
+	// FragSize is FRAG's frag_size (0: FRAG's default), for small
+	// datagrams.
+	FragSize stack.Size
 	// Receiver wraps member i's collector into its receiver (default: the
 	// collector itself).
 	Receiver func(i int, col *stacktest.Collector) stack.Receiver
@@ -122,11 +125,15 @@ func (l *Lab) Add() *Member {
 	nakCfg.XmitInterval = 200 * time.Millisecond
 	stCfg := stable.DefaultConfig()
 	stCfg.Interval = 5 * time.Second
+	fragCfg := frag.DefaultConfig()
+	if l.FragSize > 0 {
+		fragCfg.FragSize = l.FragSize
+	}
 	m := &Member{Col: stacktest.NewCollector(), Log: &SyncBuffer{},
 		GMS: gms.New(l.GMS), Verify: verifysuspect.New(vsCfg), FD: fdall.New(fdCfg), NAK: nakack.New(nakCfg)}
 	protos := []stack.Protocol{
 		sim.New(simCfg), ping.New(pingCfg), merge3.New(mCfg), m.FD, m.Verify,
-		m.NAK, unicast2.New(unicast2.DefaultConfig()), stable.New(stCfg), m.GMS, frag.New(frag.DefaultConfig()),
+		m.NAK, unicast2.New(unicast2.DefaultConfig()), stable.New(stCfg), m.GMS, frag.New(fragCfg),
 	}
 	if l.Top != nil {
 		m.Top = l.Top(i)
