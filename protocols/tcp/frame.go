@@ -132,9 +132,11 @@ const minRead = 16 << 10
 // read and finds nothing more to read lets go of its chunk while it waits
 // (it keeps a weak pointer): a connection that stays idle over a garbage
 // collection holds no receive memory, and one that is busy gets its chunk
-// back. A connection that stops in the middle of a frame keeps its chunk
-// (1 MB, where a frame buffer of max_bundle_size was held before) until
-// the rest comes or the connection closes.
+// back. A connection that stops in the middle of a frame moves the part
+// it has (at most a frame, max_bundle_size) to a buffer of its own and
+// lets go of the chunk too, so a peer that sends part of a frame on many
+// connections holds no chunk with each. (Over TLS the reader reads
+// through the TLS connection and keeps its chunk.)
 //
 // A frameReader belongs to one reading goroutine.
 type frameReader struct {
@@ -149,6 +151,7 @@ type frameReader struct {
 	end    int // end of the bytes read
 
 	idle     weak.Pointer[[transport.RecvChunkSize]byte] // the chunk let go of while waiting
+	parked   []byte                                      // the start of a frame, moved out of the chunk let go of
 	released atomic.Int64                                // times it let go (for tests)
 }
 
@@ -193,10 +196,21 @@ func (fr *frameReader) rawRead(fd uintptr) bool {
 	if wouldBlock(fr.rerr) {
 		if fr.start == fr.end {
 			fr.letGo()
+		} else {
+			fr.park()
 		}
 		return false
 	}
 	return true
+}
+
+// park moves the start of a frame that the reader waits for the rest of
+// out of its chunk, and lets go of the chunk, while the connection waits.
+func (fr *frameReader) park() {
+	fr.parked = append([]byte(nil), fr.chunk[fr.start:fr.end]...)
+	fr.chunk, fr.start, fr.end = nil, 0, 0
+	fr.idle = weak.Pointer[[transport.RecvChunkSize]byte]{}
+	fr.released.Add(1)
 }
 
 // letGo drops the reader's hold on its chunk, all of whose bytes read so
@@ -210,6 +224,12 @@ func (fr *frameReader) letGo() {
 // regain takes the chunk let go of back, or, if the garbage collector
 // found nothing else referred into it (it is being recycled), a new one.
 func (fr *frameReader) regain() {
+	if fr.parked != nil {
+		fr.chunk = transport.NewRecvChunk()
+		fr.start, fr.end = 0, copy(fr.chunk, fr.parked)
+		fr.parked = nil
+		return
+	}
 	if c := fr.idle.Value(); c != nil {
 		fr.chunk = c[:]
 	} else {
@@ -225,7 +245,7 @@ func (fr *frameReader) regain() {
 // that ends between frames io.EOF.
 func (fr *frameReader) next() ([]byte, error) {
 	for {
-		if fr.chunk == nil && fr.end > 0 {
+		if fr.chunk == nil && (fr.end > 0 || fr.parked != nil) {
 			fr.regain() // a read that let go of the chunk failed
 		}
 		avail := fr.end - fr.start

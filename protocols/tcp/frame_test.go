@@ -316,3 +316,35 @@ func TestIdleFrameReaderLetsGoOfItsChunk(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledFrameReaderParksThePartialFrame: a reader waiting for the
+// rest of a frame moves the part it has to a buffer of its own and lets
+// go of its 1 MB chunk, so a peer that sends part of a frame on many
+// connections pins no chunk with each; the frame comes out whole once the
+// rest arrives.
+func TestStalledFrameReaderParksThePartialFrame(t *testing.T) {
+	if !canReadRaw {
+		t.Skip("reads through net.Conn here")
+	}
+	w, r := tcpPair(t)
+	fr := newFrameReader(r, 1000)
+	body := bytes.Repeat([]byte{7}, 600)
+	frame := append(appendFrameHeader(nil, len(body)), body...)
+	_, err := w.Write(frame[:300])
+	require.NoError(t, err)
+	for d := 50 * time.Millisecond; fr.released.Load() == 0; d *= 2 {
+		require.Less(t, d, 5*time.Second, "the stalled reader never let go of its chunk")
+		require.NoError(t, r.SetReadDeadline(time.Now().Add(d)))
+		_, err := fr.next()
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	}
+	require.Nil(t, fr.chunk, "the stalled reader let go of its chunk")
+	require.Equal(t, frame[:300], fr.parked, "it keeps the start of the frame")
+	require.NoError(t, r.SetReadDeadline(time.Time{}))
+	_, err = w.Write(frame[300:])
+	require.NoError(t, err)
+	got, err := fr.next()
+	require.NoError(t, err)
+	require.Equal(t, body, got)
+	require.Nil(t, fr.parked)
+}
