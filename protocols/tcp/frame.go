@@ -204,13 +204,14 @@ func (fr *frameReader) rawRead(fd uintptr) bool {
 	return true
 }
 
-// park moves the start of a frame that the reader waits for the rest of
-// out of its chunk, and lets go of the chunk, while the connection waits.
+// park copies the start of a frame that the reader waits for the rest of
+// out of its chunk, and lets go of the chunk (keeping a weak pointer) while
+// the connection waits: if frames handed out keep the chunk alive, the
+// reader takes it back as it was, and only if it was collected does the
+// copy go to a new chunk.
 func (fr *frameReader) park() {
-	fr.parked = append([]byte(nil), fr.chunk[fr.start:fr.end]...)
-	fr.chunk, fr.start, fr.end = nil, 0, 0
-	fr.idle = weak.Pointer[[transport.RecvChunkSize]byte]{}
-	fr.released.Add(1)
+	fr.parked = append(fr.parked[:0], fr.chunk[fr.start:fr.end]...)
+	fr.letGo()
 }
 
 // letGo drops the reader's hold on its chunk, all of whose bytes read so
@@ -224,18 +225,13 @@ func (fr *frameReader) letGo() {
 // regain takes the chunk let go of back, or, if the garbage collector
 // found nothing else referred into it (it is being recycled), a new one.
 func (fr *frameReader) regain() {
-	if fr.parked != nil {
-		fr.chunk = transport.NewRecvChunk()
-		fr.start, fr.end = 0, copy(fr.chunk, fr.parked)
-		fr.parked = nil
-		return
-	}
 	if c := fr.idle.Value(); c != nil {
-		fr.chunk = c[:]
+		fr.chunk = c[:] // as it was: nothing is read into a live chunk but by this reader
 	} else {
 		fr.chunk = transport.NewRecvChunk()
-		fr.start, fr.end = 0, 0
+		fr.start, fr.end = 0, copy(fr.chunk, fr.parked)
 	}
+	fr.parked = fr.parked[:0]
 	fr.idle = weak.Pointer[[transport.RecvChunkSize]byte]{}
 }
 
@@ -245,7 +241,7 @@ func (fr *frameReader) regain() {
 // that ends between frames io.EOF.
 func (fr *frameReader) next() ([]byte, error) {
 	for {
-		if fr.chunk == nil && (fr.end > 0 || fr.parked != nil) {
+		if fr.chunk == nil && fr.end > 0 {
 			fr.regain() // a read that let go of the chunk failed
 		}
 		avail := fr.end - fr.start

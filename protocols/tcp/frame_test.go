@@ -346,5 +346,5 @@ func TestStalledFrameReaderParksThePartialFrame(t *testing.T) {
 	got, err := fr.next()
 	require.NoError(t, err)
 	require.Equal(t, body, got)
-	require.Nil(t, fr.parked)
+	require.Empty(t, fr.parked)
 }
