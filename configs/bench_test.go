@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -23,11 +24,16 @@ func benchPair(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{
 	}
 	port := c.LocalAddr().(*net.UDPAddr).Port
 	_ = c.Close()
-	vars := map[string]string{
-		"STRATA_BIND_PORT":  strconv.Itoa(port),
-		"STRATA_MCAST_ADDR": fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254)),
-		"STRATA_MCAST_PORT": strconv.Itoa(port + 100),
-	}
+	group := fmt.Sprintf("239.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(254))
+	return shippedPair(b, "udp.toml", want, func(int) map[string]string {
+		return map[string]string{"STRATA_BIND_PORT": strconv.Itoa(port), "STRATA_MCAST_ADDR": group, "STRATA_MCAST_PORT": strconv.Itoa(port + 100)}
+	})
+}
+
+// shippedPair connects two members of the shipped config file, member i
+// with the variables vars(i); done is closed when B has received want
+// messages.
+func shippedPair(b *testing.B, file string, want int64, vars func(i int) map[string]string) (a, r *stack.Channel, done chan struct{}) {
 	var got atomic.Int64
 	done = make(chan struct{})
 	count := func(*stack.Message) {
@@ -37,7 +43,7 @@ func benchPair(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{
 	}
 	var chs []*stack.Channel
 	for i, rcv := range []stack.Receiver{stack.ReceiverFuncs{}, stack.ReceiverFuncs{OnReceive: count}} {
-		ch, err := stack.New(stack.Shipped("udp.toml"), stack.WithVars(vars), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
+		ch, err := stack.New(stack.Shipped(file), stack.WithVars(vars(i)), stack.WithName(stacktest.Names[i]), stack.WithReceiver(rcv))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -55,10 +61,16 @@ func benchPair(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{
 // loopback UDP, multicast and unicast: the whole stack, both ends, UFC
 // and MFC as the only brake. Allocations are per message sent and
 // received (both members are in this process).
-func BenchmarkUDPStack1KB(b *testing.B) {
+func BenchmarkUDPStack1KB(b *testing.B) { benchStack1KB(b, benchPair) }
+
+// benchStack1KB sends 1 KB messages from A to B of pair, multicast and
+// unicast. allocs/msg and B/msg are per message sent (and received: both
+// members are in this process), with the fraction that ReportAllocs
+// rounds away.
+func benchStack1KB(b *testing.B, pair func(b *testing.B, want int64) (a, r *stack.Channel, done chan struct{})) {
 	for _, kind := range []string{"multicast", "unicast"} {
 		b.Run(kind, func(b *testing.B) {
-			a, r, done := benchPair(b, int64(b.N))
+			a, r, done := pair(b, int64(b.N))
 			dest := stack.Address{}
 			if kind == "unicast" {
 				dest = r.Address()
@@ -67,13 +79,22 @@ func BenchmarkUDPStack1KB(b *testing.B) {
 			ctx := context.Background()
 			b.SetBytes(int64(len(payload)))
 			b.ReportAllocs()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
 			b.ResetTimer()
+			start := time.Now()
 			for range b.N {
 				if err := a.Send(ctx, stack.NewMessage(dest, payload)); err != nil {
 					b.Fatal(err)
 				}
 			}
 			<-done
+			el := time.Since(start)
+			b.StopTimer()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(b.N), "allocs/msg")
+			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(b.N), "B/msg")
 		})
 	}
 }

@@ -112,14 +112,7 @@ func TestPartitionHealsIntoOneMergeViewWithTwoSubgroups(t *testing.T) {
 		l := grouptest.New(t, seed)
 		ms := l.Start(5)
 		left, right := ms[:3], ms[3:]
-		addrs := func(ms []*grouptest.Member) []stack.Address {
-			var out []stack.Address
-			for _, m := range ms {
-				out = append(out, m.Addr())
-			}
-			return out
-		}
-		l.Net.Partition(addrs(left), addrs(right))
+		l.Net.Partition(grouptest.Addrs(left...), grouptest.Addrs(right...))
 		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(left...) && grouptest.SameView(right...) }, "two views, of 3 and of 2")
 		l.Net.Heal()
 		stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(ms...) }, "one view of all 5 after healing")
@@ -132,7 +125,7 @@ func TestPartitionHealsIntoOneMergeViewWithTwoSubgroups(t *testing.T) {
 			slices.SortFunc(got, stack.Address.Compare)
 			subs = append(subs, got)
 		}
-		want := [][]stack.Address{addrs(left), addrs(right)}
+		want := [][]stack.Address{grouptest.Addrs(left...), grouptest.Addrs(right...)}
 		for _, w := range want {
 			slices.SortFunc(w, stack.Address.Compare)
 		}
@@ -883,14 +876,7 @@ func TestGroupOutgrowsItsDatagramsAndStillJoinsAndMerges(t *testing.T) {
 		require.Greater(t, stacktest.Stat(t, ms[0].GMS, "parts_sent"), int64(0), "the coordinator sent messages in parts")
 
 		left, right := all[:n/2], all[n/2:]
-		addrs := func(ms []*grouptest.Member) []stack.Address {
-			var out []stack.Address
-			for _, m := range ms {
-				out = append(out, m.Addr())
-			}
-			return out
-		}
-		l.Net.Partition(addrs(left), addrs(right))
+		l.Net.Partition(grouptest.Addrs(left...), grouptest.Addrs(right...))
 		stacktest.WaitFor(t, 2*time.Minute, func() bool { return grouptest.SameView(left...) && grouptest.SameView(right...) }, "two views, of %d and %d", len(left), len(right))
 		l.Net.Heal()
 		stacktest.WaitFor(t, 3*time.Minute, func() bool { return grouptest.SameView(all...) }, "one view of all %d after healing", len(all))

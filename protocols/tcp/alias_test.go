@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,28 +33,6 @@ func crcIntact(p []byte) bool {
 	return len(p) >= 12 && binary.BigEndian.Uint32(p[len(p)-4:]) == crc32.ChecksumIEEE(p[:len(p)-4])
 }
 
-// crcKeeper checks every payload as it arrives and keeps every seventh
-// message, as a layer or an application may keep what it received.
-type crcKeeper struct {
-	mu   sync.Mutex
-	kept []*stack.Message
-	got  atomic.Int64
-	bad  atomic.Int64
-}
-
-func (k *crcKeeper) Receive(m *stack.Message) {
-	if !crcIntact(m.Payload) {
-		k.bad.Add(1)
-	}
-	if k.got.Add(1)%7 == 0 {
-		k.mu.Lock()
-		k.kept = append(k.kept, m)
-		k.mu.Unlock()
-	}
-}
-
-func (k *crcKeeper) ViewAccepted(*stack.View) {}
-
 // TestReceivedPayloadsSurviveLaterFramesAndResets: two members of tcp.toml
 // send each other multicasts and unicasts of many sizes (some fragmented),
 // while their connections are reset now and then (the reliable layers
@@ -75,7 +51,7 @@ func TestReceivedPayloadsSurviveLaterFramesAndResets(t *testing.T) {
 		"STRATA_INITIAL_HOSTS": fmt.Sprintf("127.0.0.1:%d", port),
 	}
 	fsys := configFS(t, "tcp.toml")
-	ks := []*crcKeeper{{}, {}}
+	ks := []*stacktest.Keeper{{Intact: crcIntact}, {Intact: crcIntact}}
 	var chs []*stack.Channel
 	for i := range 2 {
 		ch, _ := startFromConfig(t, fsys, "tcp.toml", stacktest.Names[i], vars)
@@ -112,7 +88,7 @@ func TestReceivedPayloadsSurviveLaterFramesAndResets(t *testing.T) {
 				resets += transportOf(chs[rng.IntN(2)]).ResetConnections()
 			}
 		}
-		stacktest.WaitFor(t, wait, func() bool { return ks[0].got.Load() == want[0] && ks[1].got.Load() == want[1] },
+		stacktest.WaitFor(t, wait, func() bool { return ks[0].Got.Load() == want[0] && ks[1].Got.Load() == want[1] },
 			"round %d delivered", r)
 		if r%5 == 0 {
 			runtime.GC()
@@ -120,12 +96,11 @@ func TestReceivedPayloadsSurviveLaterFramesAndResets(t *testing.T) {
 	}
 	require.Positive(t, resets, "connections were reset")
 	for i, k := range ks {
-		require.Zero(t, k.bad.Load(), "member %d received corrupt payloads", i)
-		k.mu.Lock()
-		for _, m := range k.kept {
+		require.Zero(t, k.Bad.Load(), "member %d received corrupt payloads", i)
+		kept := k.Kept()
+		for _, m := range kept {
 			require.True(t, crcIntact(m.Payload), "member %d: a kept payload was overwritten by a later read", i)
 		}
-		require.NotEmpty(t, k.kept)
-		k.mu.Unlock()
+		require.NotEmpty(t, kept)
 	}
 }

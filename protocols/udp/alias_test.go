@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,28 +33,6 @@ func aliasIntact(p []byte) bool {
 	return string(p) == string(aliasPayload(p[0], binary.BigEndian.Uint32(p[1:]), len(p)))
 }
 
-// keeper checks every payload as it arrives and keeps every seventh
-// message, as a layer or an application may keep what it received.
-type keeper struct {
-	mu   sync.Mutex
-	kept []*stack.Message
-	got  atomic.Int64
-	bad  atomic.Int64
-}
-
-func (k *keeper) Receive(m *stack.Message) {
-	if !aliasIntact(m.Payload) {
-		k.bad.Add(1)
-	}
-	if k.got.Add(1)%7 == 0 {
-		k.mu.Lock()
-		k.kept = append(k.kept, m)
-		k.mu.Unlock()
-	}
-}
-
-func (k *keeper) ViewAccepted(*stack.View) {}
-
 // TestReceivedPayloadsSurviveLaterDatagrams keeps some of the messages
 // two members send each other (multicasts and unicasts of many sizes,
 // bundled, with foreign datagrams the receivers drop in between) and
@@ -70,7 +46,7 @@ func (k *keeper) ViewAccepted(*stack.View) {}
 func TestReceivedPayloadsSurviveLaterDatagrams(t *testing.T) {
 	cfg := testConfig(t)
 	ms := startMembers(t, 2, "alias", cfg, nil)
-	ks := []*keeper{{}, {}}
+	ks := []*stacktest.Keeper{{Intact: aliasIntact}, {Intact: aliasIntact}}
 	for i, m := range ms {
 		m.ch.SetReceiver(ks[i])
 	}
@@ -110,20 +86,19 @@ func TestReceivedPayloadsSurviveLaterDatagrams(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		stacktest.WaitFor(t, wait, func() bool { return ks[0].got.Load() == want[0] && ks[1].got.Load() == want[1] },
+		stacktest.WaitFor(t, wait, func() bool { return ks[0].Got.Load() == want[0] && ks[1].Got.Load() == want[1] },
 			"round %d delivered", r)
 		if r%5 == 0 {
 			runtime.GC()
 		}
 	}
 	for i, k := range ks {
-		require.Zero(t, k.bad.Load(), "member %d received corrupt payloads", i)
-		k.mu.Lock()
-		for _, m := range k.kept {
+		require.Zero(t, k.Bad.Load(), "member %d received corrupt payloads", i)
+		kept := k.Kept()
+		for _, m := range kept {
 			require.True(t, aliasIntact(m.Payload), "member %d: a kept payload was overwritten by a later datagram", i)
 		}
-		require.NotEmpty(t, k.kept)
-		k.mu.Unlock()
+		require.NotEmpty(t, kept)
 	}
 	require.Positive(t, stacktest.Stat(t, ms[0].udp, "dropped_wrong_cluster")+stacktest.Stat(t, ms[1].udp, "dropped_wrong_cluster"))
 }

@@ -209,6 +209,15 @@ func (l *Lab) KeepApart(i, cut, near *Member) (open func()) {
 	return func() { opened.Store(true) }
 }
 
+// Addrs returns the members' addresses, for SIM's partitions.
+func Addrs(ms ...*Member) []stack.Address {
+	out := make([]stack.Address, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.Addr())
+	}
+	return out
+}
+
 // SameView reports whether every member has the same view, of exactly them.
 func SameView(ms ...*Member) bool {
 	v0 := ms[0].Ch.View()
