@@ -174,6 +174,9 @@ func ParseConfigVars(file string, data []byte, vars map[string]string) (*StackCo
 	if err := sc.checkSizes(); err != nil {
 		return nil, err
 	}
+	if err := sc.checkFragmentOrder(); err != nil {
+		return nil, err
+	}
 	return sc, nil
 }
 
@@ -231,6 +234,14 @@ type FragmentSizer interface {
 	FragmentSize() Size
 }
 
+// FragmentedBelow is implemented by the config of a layer that puts its
+// large messages in payloads for a fragmenting layer below it to split
+// (FLUSH: participant lists and digests grow with the group); the loader
+// refuses a stack whose fragmenting layer (FragmentSizer) is above it.
+type FragmentedBelow interface {
+	FragmentedBelow()
+}
+
 // ControlSizer is implemented by the config of a layer that sends control
 // messages of its own below FRAG (GMS, STABLE, discovery, MERGE3), which
 // FRAG never cuts. MinControlLimit is the smallest Stack.ControlLimit with
@@ -284,6 +295,23 @@ func (sc *StackConfig) checkSizes() error {
 		return &ConfigError{File: sc.File, Line: line, Protocol: tr.Type.Name, Key: "max_bundle_size",
 			Reason: fmt.Sprintf("%s cannot carry %s's control messages: they need %s (whole, or each of their parts) and %d bytes for headers; make it at least %s",
 				lim.MaxDatagram(), p.Type.Name, cs.MinControlLimit(), Headroom, cs.MinControlLimit()+Headroom)}
+	}
+	return nil
+}
+
+// checkFragmentOrder refuses a stack with a fragmenting layer above a
+// layer that needs one below it (FragmentedBelow).
+func (sc *StackConfig) checkFragmentOrder() error {
+	for i, p := range sc.Protocols {
+		if _, ok := p.Config.(FragmentedBelow); !ok {
+			continue
+		}
+		for _, q := range sc.Protocols[i+1:] {
+			if _, ok := q.Config.(FragmentSizer); ok {
+				return &ConfigError{File: sc.File, Line: p.Line, Protocol: p.Type.Name,
+					Reason: fmt.Sprintf("must be above %s: %s splits its large messages, which grow with the group", q.Type.Name, q.Type.Name)}
+			}
+		}
 	}
 	return nil
 }

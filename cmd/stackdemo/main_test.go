@@ -75,6 +75,7 @@ func TestValidateRejectsWithFileAndLine(t *testing.T) {
 		"merge3-without-gms.toml":   `:4: MERGE3: needs membership above it, and no layer above it provides it (GMS does)`,
 		"frag-too-big.toml":         `:7: FRAG: frag_size: 60KB does not fit UDP's largest datagram (20KB)`,
 		"datagram-too-small.toml":   `:3: SIM: max_bundle_size: 1400B cannot carry GMS's control messages`,
+		"frag-below-flush.toml":     `:16: FLUSH: must be above FRAG: FRAG splits its large messages`,
 		"unterminated-var.toml":     `:3: malformed variable reference in "bind_addr = \"${STRATA_BIND_ADDR:127.0.0.1\""`,
 		"no-such-interface.toml":    `:3: UDP: bind_addr: `,
 	}

@@ -44,6 +44,12 @@ func DefaultConfig() Config {
 	return Config{Timeout: 8 * time.Second, StartTimeout: 2 * time.Second, EndTimeout: 2 * time.Second, RetryTimeout: 2 * time.Second, MaxAttempts: 4}
 }
 
+// FragmentedBelow says that FLUSH relies on FRAG below it: a header
+// larger than maxInline goes in a payload for FRAG to split.
+func (c *Config) FragmentedBelow() {}
+
+var _ stack.FragmentedBelow = (*Config)(nil)
+
 // Validate checks the config.
 func (c *Config) Validate() error {
 	switch {
