@@ -3,7 +3,10 @@ package transport
 import (
 	"context"
 	"net/netip"
+	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -25,7 +28,9 @@ func TestSendQueueBlocksDropsAndHonoursCtx(t *testing.T) {
 	close(done)
 	require.ErrorIs(t, q.Put(context.Background(), m, false, done), stack.ErrClosed)
 
-	<-q.ch
+	got, ok := q.Take(nil, false, nil)
+	require.True(t, ok)
+	require.Len(t, got, 1)
 	require.NoError(t, q.Put(context.Background(), m, false, make(chan struct{})), "room again")
 }
 
@@ -86,4 +91,70 @@ func TestAddrCacheIsBoundedAndKeepsMembers(t *testing.T) {
 	require.Equal(t, 12, c.Size(), "a view larger than the bound is kept whole")
 	c.Learn(stack.NewAddress(), pa)
 	require.EqualValues(t, 1, c.Refused.Load(), "full of members: a newcomer is refused and counted")
+}
+
+// TestSendQueueTakeWaitsAndHandsOverEverything: the bundler's Take sleeps
+// on an empty queue until a sender puts, then takes all that is queued in
+// one go, in order; a sender blocked on a full queue gets room when the
+// bundler takes, and done ends a waiting Take.
+func TestSendQueueTakeWaitsAndHandsOverEverything(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := NewSendQueue(3)
+		done := make(chan struct{})
+		ms := make([]*stack.Message, 5)
+		for i := range ms {
+			ms[i] = stack.NewMessage(stack.Address{}, []byte{byte(i)})
+		}
+		got := make(chan []*stack.Message)
+		go func() {
+			var b []*stack.Message
+			for {
+				var ok bool
+				if b, ok = q.Take(b, true, done); !ok {
+					close(got)
+					return
+				}
+				got <- slices.Clone(b)
+			}
+		}()
+		synctest.Wait() // the bundler sleeps on the empty queue
+		for _, m := range ms[:3] {
+			require.True(t, q.TryPut(m))
+		}
+		require.False(t, q.TryPut(ms[3]), "full")
+		put := make(chan error)
+		go func() { put <- q.Put(context.Background(), ms[3], false, done) }()
+		first := <-got
+		require.Equal(t, ms[:len(first)], first, "in order")
+		require.NoError(t, <-put, "room once the bundler took")
+		var rest []*stack.Message
+		for len(first)+len(rest) < 4 {
+			rest = append(rest, <-got...)
+		}
+		require.Equal(t, ms[:4], append(first, rest...))
+		close(done)
+		_, open := <-got
+		require.False(t, open, "done ends a waiting Take")
+	})
+}
+
+// BenchmarkSendQueue1Producer: one sender putting, the bundler taking.
+func BenchmarkSendQueue1Producer(b *testing.B) {
+	q := NewSendQueue(10000)
+	done := make(chan struct{})
+	m := stack.NewMessage(stack.Address{}, nil)
+	var wg sync.WaitGroup
+	want := b.N
+	wg.Go(func() {
+		var batch []*stack.Message
+		for n := 0; n < want; n += len(batch) {
+			batch, _ = q.Take(batch, true, done)
+		}
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range want {
+		_ = q.Put(context.Background(), m, false, done)
+	}
+	wg.Wait()
 }
