@@ -26,6 +26,8 @@ type lanes struct {
 
 	mu      sync.Mutex
 	senders map[senderKey]*senderQueue
+	lastK   senderKey    // the key of lastQ: a sender's messages come in runs,
+	lastQ   *senderQueue // so most lookups skip the map (nil: none)
 	oob     pool
 	intl    pool
 	wg      sync.WaitGroup // every worker goroutine
@@ -193,11 +195,14 @@ func (l *lanes) deliverOne(m *Message, own bool) {
 func (l *lanes) enqueue(src, dest Address, msgs []*Message, one *Message, own bool) {
 	k := senderKey{src: src, mcast: dest.IsZero()}
 	l.mu.Lock()
-	q := l.senders[k]
-	if q == nil {
-		q = &senderQueue{}
-		q.batch.Src, q.batch.Dest, q.batch.Lane = src, dest, LaneRegular
-		l.senders[k] = q
+	q := l.lastQ
+	if q == nil || l.lastK != k {
+		if q = l.senders[k]; q == nil {
+			q = &senderQueue{}
+			q.batch.Src, q.batch.Dest, q.batch.Lane = src, dest, LaneRegular
+			l.senders[k] = q
+		}
+		l.lastK, l.lastQ = k, q
 	}
 	dropped := 0
 	add := func(m *Message) {
@@ -254,6 +259,7 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 			finished = true
 			if len(l.senders) > 256 {
 				delete(l.senders, k)
+				l.lastQ = nil
 			}
 			l.mu.Unlock()
 			return

@@ -185,6 +185,7 @@ type Bundler struct {
 	sink     Sink
 	counters *BundleCounters
 	byDest   map[stack.Address]*bundle
+	last     *bundle // the last destination's: runs of one are the rule
 	active   []*bundle
 }
 
@@ -222,10 +223,13 @@ func (b *Bundler) Run(done <-chan struct{}) {
 
 func (b *Bundler) add(m *stack.Message) {
 	local := b.owner.LocalAddress()
-	bd := b.byDest[m.Dest]
-	if bd == nil {
-		bd = &bundle{dest: m.Dest}
-		b.byDest[m.Dest] = bd
+	bd := b.last
+	if bd == nil || bd.dest != m.Dest {
+		if bd = b.byDest[m.Dest]; bd == nil {
+			bd = &bundle{dest: m.Dest}
+			b.byDest[m.Dest] = bd
+		}
+		b.last = bd
 	}
 	size := m.EncodedSize(local)
 	if bd.count > 0 && len(*bd.buf)+size > b.max {
@@ -262,5 +266,6 @@ func (b *Bundler) flushAll() {
 	b.sink.Flush()
 	if len(b.byDest) > 1024 {
 		clear(b.byDest)
+		b.last = nil
 	}
 }

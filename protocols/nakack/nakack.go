@@ -64,6 +64,8 @@ type NAKACK struct {
 
 	mu       sync.Mutex
 	tables   map[stack.Address]*table
+	lastA    stack.Address // whose table lastT is: a batch, or a run of own sends,
+	lastT    *table        // names one member (nil: none; reset at every change of tables)
 	view     *stack.View
 	seqno    uint64        // last seqno this member sent
 	lastSent uint64        // seqno at the previous xmit run, for HIGHEST_SEQNO
@@ -145,6 +147,7 @@ func (n *NAKACK) Init() error { return n.cfg.Validate() }
 func (n *NAKACK) Start() error {
 	n.mu.Lock()
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
+	n.lastT = nil
 	n.seqno, n.lastSent, n.lastTick, n.view = 0, 0, 0, nil
 	n.mu.Unlock()
 	n.GoEvery(n.cfg.XmitInterval, func() { n.xmitTask(true) })
@@ -200,7 +203,7 @@ func (n *NAKACK) Down(ctx context.Context, m *stack.Message) error {
 		m.Src = self
 	}
 	n.mu.Lock()
-	t := n.tables[self]
+	t := n.table(self)
 	n.seqno++
 	seq := n.seqno
 	// Kept for retransmission; an entry Delivered is never to be passed up
@@ -275,6 +278,19 @@ func (n *NAKACK) UpBatch(b *stack.Batch) {
 	for _, s := range srcs {
 		n.deliverFrom(s)
 	}
+}
+
+// table returns a's table or nil, remembering it for the next call; callers
+// hold n.mu.
+func (n *NAKACK) table(a stack.Address) *table {
+	if n.lastT != nil && n.lastA == a {
+		return n.lastT
+	}
+	t := n.tables[a]
+	if t != nil {
+		n.lastA, n.lastT = a, t
+	}
+	return t
 }
 
 // normalise turns a retransmitted copy (it came as a unicast) back into the
@@ -356,7 +372,7 @@ func (n *NAKACK) add(m *stack.Message, seq uint64) bool {
 // up at once if it is an OOB message; callers hold n.mu.
 func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bool, *stack.Message) {
 	n.st.received.Add(1)
-	t := n.tables[m.Src]
+	t := n.table(m.Src)
 	if t == nil {
 		if n.view != nil && !n.view.Contains(m.Src) || n.view == nil && m.Src != self {
 			n.st.nonMember.Add(1)
@@ -364,6 +380,7 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 		}
 		t = newTable(0)
 		n.tables[m.Src] = t
+		n.lastT = nil
 	}
 	limit := int64(n.cfg.MaxBuffered)
 	if m.Src == self {
@@ -517,11 +534,13 @@ func (n *NAKACK) viewChange(v *stack.View) {
 	for a := range n.tables {
 		if !v.Contains(a) && a != n.LocalAddress() {
 			delete(n.tables, a)
+			n.lastT = nil
 		}
 	}
 	for _, a := range v.Members {
 		if n.tables[a] == nil {
 			n.tables[a] = newTable(0)
+			n.lastT = nil
 		}
 	}
 	n.signalLocked()
@@ -572,6 +591,7 @@ func (n *NAKACK) SetDigest(d stack.Digest) {
 			nt := newTable(e.HighestDelivered)
 			nt.w.Raise(e.HighestReceived)
 			n.tables[e.Member] = nt
+			n.lastT = nil
 		}
 	}
 }
