@@ -61,9 +61,7 @@ type perfMember struct {
 	idx   int
 	ch    *stack.Channel
 	mu    sync.Mutex
-	next  map[int]uint64 // per sender: the next seqno expected (regular messages)
-	got   map[int]int64  // per sender: messages received
-	warm  map[int]int64  // per sender: warm-up messages received (-warmup)
+	from  []perfSender // by sender index (grown on demand)
 	bytes atomic.Int64
 	count atomic.Int64
 	errs  []string
@@ -78,6 +76,28 @@ type perfMember struct {
 	start  chan struct{}
 	acks   map[int]int64  // per receiver (view index): what it said it has of ours
 	dones  map[int]uint64 // per member: the rounds it has finished (kindDone)
+}
+
+// perfSender is what a member has of one sender.
+type perfSender struct {
+	next uint64 // the next seqno expected (regular messages)
+	got  int64  // messages received
+	warm int64  // warm-up messages received (-warmup)
+}
+
+// maxPerfSenders bounds the sender index a perf message may carry.
+const maxPerfSenders = 1 << 16
+
+// senderLocked returns what pm has of sender (nil for an index out of
+// range); callers hold pm.mu.
+func (pm *perfMember) senderLocked(sender int) *perfSender {
+	if sender < 0 || sender >= maxPerfSenders {
+		return nil
+	}
+	if sender >= len(pm.from) {
+		pm.from = append(pm.from, make([]perfSender, sender+1-len(pm.from))...)
+	}
+	return &pm.from[sender]
 }
 
 func (pm *perfMember) ViewAccepted(*stack.View) {}
@@ -113,7 +133,9 @@ func (pm *perfMember) Receive(m *stack.Message) {
 		return
 	case kindWarm:
 		pm.mu.Lock()
-		pm.warm[sender]++
+		if ps := pm.senderLocked(sender); ps != nil {
+			ps.warm++
+		}
 		pm.mu.Unlock()
 		select {
 		case pm.wake <- struct{}{}:
@@ -137,10 +159,17 @@ func (pm *perfMember) Receive(m *stack.Message) {
 // message, so the driver's own bookkeeping weighs the same on both sides.
 // Other kinds (rare) go through Receive.
 func (pm *perfMember) ReceiveBatch(b *stack.Batch) {
-	var n, bytes int64
+	var n, bytes, warm int64
 	pm.mu.Lock()
 	for _, m := range b.Msgs {
 		p := m.Payload
+		if len(p) >= perfHdr && p[0] == kindWarm {
+			if ps := pm.senderLocked(int(binary.BigEndian.Uint32(p[1:]))); ps != nil {
+				ps.warm++
+				warm++
+			}
+			continue
+		}
 		if len(p) < perfHdr || p[0] != kindData {
 			continue
 		}
@@ -155,26 +184,39 @@ func (pm *perfMember) ReceiveBatch(b *stack.Batch) {
 	}
 	pm.mu.Unlock()
 	for _, m := range b.Msgs {
-		if p := m.Payload; len(p) >= perfHdr && p[0] != kindData {
+		if p := m.Payload; len(p) >= perfHdr && p[0] != kindData && p[0] != kindWarm {
 			pm.Receive(m)
 		}
 	}
 	if n > 0 {
 		pm.counted(n, bytes)
 	}
+	if warm > 0 {
+		select {
+		case pm.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // takeLocked counts a data message from sender and checks its seqno;
 // callers hold pm.mu.
 func (pm *perfMember) takeLocked(sender int, seq uint64) {
-	pm.got[sender]++
+	ps := pm.senderLocked(sender)
+	if ps == nil {
+		if len(pm.errs) < 10 {
+			pm.errs = append(pm.errs, fmt.Sprintf("member %d: a message from member %d, out of range", pm.idx, sender))
+		}
+		return
+	}
+	ps.got++
 	if !pm.oob {
-		if want := pm.next[sender]; seq != want {
+		if seq != ps.next {
 			if len(pm.errs) < 10 {
-				pm.errs = append(pm.errs, fmt.Sprintf("member %d: from member %d got seqno %d, expected %d", pm.idx, sender, seq, want))
+				pm.errs = append(pm.errs, fmt.Sprintf("member %d: from member %d got seqno %d, expected %d", pm.idx, sender, seq, ps.next))
 			}
 		}
-		pm.next[sender] = seq + 1
+		ps.next = seq + 1
 	}
 }
 
@@ -239,10 +281,14 @@ func (pm *perfMember) gotFrom(sender int) int64 { return pm.received(kindData, s
 func (pm *perfMember) received(kind byte, sender int) int64 {
 	pm.mu.Lock()
 	defer pm.mu.Unlock()
-	if kind == kindWarm {
-		return pm.warm[sender]
+	ps := pm.senderLocked(sender)
+	switch {
+	case ps == nil:
+		return 0
+	case kind == kindWarm:
+		return ps.warm
 	}
-	return pm.got[sender]
+	return ps.got
 }
 
 // perfResult is what perf reports (also as JSON).
@@ -429,7 +475,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	for i := range ms {
 		// Anycast spreads a sender's messages over several receivers, so
 		// each sees a rising but not contiguous sequence: count only.
-		pm := &perfMember{idx: i, next: map[int]uint64{}, got: map[int]int64{}, warm: map[int]int64{}, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
+		pm := &perfMember{idx: i, wake: make(chan struct{}, 1), oob: o.oob || o.mode == "anycast"}
 		addr, err := nthDiagAddr(o.diag, i)
 		if err != nil {
 			return nil, err

@@ -37,7 +37,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		name = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	start := make(chan struct{})
-	pm := &perfMember{next: map[int]uint64{}, got: map[int]int64{}, warm: map[int]int64{}, wake: make(chan struct{}, 1),
+	pm := &perfMember{wake: make(chan struct{}, 1),
 		oob: o.oob, joined: true, start: start, acks: map[int]int64{}, dones: map[int]uint64{}}
 	pm.mu.Lock() // until this member knows its index
 	ch, err := stack.New(withDiag(o.diag, stack.FromConfig(sc), stack.WithName(name), stack.WithReceiver(pm))...)
