@@ -63,12 +63,11 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 		return false
 	}
 	src := m.Src
-	now := time.Now()
 	u.mu.Lock()
 	e := u.recv[src]
 	if e == nil || e.connID != h.ConnID {
 		if !h.First {
-			ask := u.mayAskFirst(src, now)
+			ask := u.mayAskFirst(src, time.Now())
 			u.mu.Unlock()
 			u.st.firstDropped.Add(1)
 			if ask {
@@ -84,7 +83,7 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 		}
 		u.Log().Debug("unicast2: receive connection opened", "from", src, "conn", h.ConnID, "first", h.Seqno, "start", start, "tomb", u.tombs[src])
 		delete(u.tombs, src)
-		e = &recvEntry{connID: h.ConnID, w: window.New(start-1, false)}
+		e = &recvEntry{connID: h.ConnID, w: window.New(start-1, false), used: time.Now()}
 		if fromTomb {
 			// And the OOB messages it delivered above a gap: not again.
 			for _, s := range t.oob {
@@ -100,7 +99,7 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 	}
 	res := e.w.Add(h.Seqno, m, oob, limit)
 	if res != window.TooFar {
-		e.used = now
+		e.busy = true
 	}
 	switch res {
 	case window.TooFar:

@@ -361,6 +361,30 @@ func TestViewChangeClosesBothSidesAndIdleConnectionsAreReaped(t *testing.T) {
 	})
 }
 
+// TestBusyConnectionsAreNotReaped: a connection that carries a message
+// every 2 s is never idle for conn_expiry_timeout (10 s), on either side,
+// though messages no longer read the clock (the xmit task notes that a
+// connection was busy); once the traffic stops, both sides reap it.
+func TestBusyConnectionsAreNotReaped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.ConnExpiry = 10 * time.Second
+		p := newPair(t, 1, cfg, false, nil)
+		const n = 20
+		for s := range n {
+			require.NoError(t, p.a.Send(t.Context(), stack.NewMessage(p.ba, stacktest.Payload(0, s, 8))))
+			time.Sleep(2 * time.Second) // virtual time: the traffic's pace
+			for i, u := range p.u {
+				require.Zero(t, stacktest.Stat(t, u, "connections_reaped"), "member %d reaped a busy connection after %d messages", i, s+1)
+			}
+		}
+		require.Equal(t, n, p.c.Recv[1].Len())
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return stacktest.Stat(t, p.u[0], "send_connections") == 0 && stacktest.Stat(t, p.u[1], "receive_connections") == 0
+		}, "idle at last, and reaped")
+	})
+}
+
 func TestConcurrentConnectionCreationOnBothSides(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPair(t, 5, testConfig(), false, nil)
