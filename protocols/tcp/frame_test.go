@@ -242,7 +242,7 @@ func FuzzFrameReader(f *testing.F) {
 }
 
 // tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (client, server *net.TCPConn) {
+func tcpPair(t testing.TB) (client, server *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
