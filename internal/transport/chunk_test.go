@@ -29,3 +29,30 @@ func TestNewRecvChunkIsRecycled(t *testing.T) {
 	t.Logf("201 chunks taken, %d allocated", made)
 	require.Less(t, made, int64(150), "chunks are recycled")
 }
+
+// TestRecycledChunksOutliveCollections: chunks recycled while no reader
+// asks for one are still there after several collections (a sync.Pool
+// alone drops them after two, and a busy process collects dozens of times
+// a second), and no more than keptChunks are kept for good.
+func TestRecycledChunksOutliveCollections(t *testing.T) {
+	var cs [][]byte
+	for range keptChunks + 8 {
+		cs = append(cs, NewRecvChunk())
+	}
+	cs = nil
+	for range 6 {
+		runtime.GC() // finalizers run, chunks go to the free list or the pool
+	}
+	runtime.GC()
+	freeMu.Lock()
+	kept := len(freeChunks)
+	freeMu.Unlock()
+	require.LessOrEqual(t, kept, keptChunks)
+	require.GreaterOrEqual(t, kept, keptChunks/2, "recycled chunks kept through the collections")
+	made := chunksMade.Load()
+	for range kept {
+		cs = append(cs, NewRecvChunk())
+	}
+	require.Equal(t, made, chunksMade.Load(), "the kept chunks are handed out again without allocating")
+	runtime.KeepAlive(cs)
+}
