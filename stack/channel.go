@@ -26,6 +26,9 @@ import (
 // flow control, as anywhere), StartFlush and StopFlush, GetState,
 // Disconnect and Close. Disconnect and Close from a callback leave the group
 // and return; the stack's goroutines end once the callback has returned.
+//
+// Received messages are read-only (a member's own are the ones it sent,
+// which may still be on their way out): Copy one to change it.
 type Receiver interface {
 	Receive(m *Message)
 	ViewAccepted(v *View)

@@ -114,7 +114,11 @@ type hdrEntry struct {
 
 // Message is the unit that travels through a stack. Dest zero means the whole
 // group. Payload and headers are shared by copies, so neither may be modified
-// after the message is sent; use DeepCopy for a private payload. A received
+// after the message is sent; use DeepCopy for a private payload. A message is
+// sent once: send a Copy to send it again, even after Send returned an error
+// (it may have been numbered, kept and delivered locally already). A
+// received message is read-only too: a member's own messages come back as
+// the very messages it sent, which the transport may still be encoding. A received
 // payload aliases the transport's receive memory (with UDP, a chunk of up to
 // 1 MB that is reused only once nothing refers into it): keeping a short
 // payload for long keeps that memory too, so copy what you keep.
