@@ -35,11 +35,13 @@ func TestNewRecvChunkIsRecycled(t *testing.T) {
 // alone drops them after two, and a busy process collects dozens of times
 // a second), and no more than keptChunks are kept for good.
 func TestRecycledChunksOutliveCollections(t *testing.T) {
-	var cs [][]byte
-	for range keptChunks + 8 {
-		cs = append(cs, NewRecvChunk())
-	}
-	cs = nil
+	func() {
+		cs := make([][]byte, keptChunks+8)
+		for i := range cs {
+			cs[i] = NewRecvChunk()
+		}
+		runtime.KeepAlive(cs)
+	}()
 	for range 6 {
 		runtime.GC() // finalizers run, chunks go to the free list or the pool
 	}
@@ -50,8 +52,9 @@ func TestRecycledChunksOutliveCollections(t *testing.T) {
 	require.LessOrEqual(t, kept, keptChunks)
 	require.GreaterOrEqual(t, kept, keptChunks/2, "recycled chunks kept through the collections")
 	made := chunksMade.Load()
-	for range kept {
-		cs = append(cs, NewRecvChunk())
+	cs := make([][]byte, kept)
+	for i := range cs {
+		cs[i] = NewRecvChunk()
 	}
 	require.Equal(t, made, chunksMade.Load(), "the kept chunks are handed out again without allocating")
 	runtime.KeepAlive(cs)
