@@ -12,18 +12,22 @@ const RecvChunkSize = 1 << 20
 
 type recvChunk [RecvChunkSize]byte
 
-// keptChunks is how many recycled chunks are kept for good (32 MB): a
-// busy member reads through hundreds of chunks a second, and a sync.Pool
-// alone frees what waited through two collections, which at 50 or more
-// collections a second is most of them: each fresh chunk then cost 256
-// page faults to touch (5% of a one-sender run's CPU). Beyond these, spare
-// chunks go to a pool, so a burst costs nothing once it is over.
+// keptChunks is how many recycled chunks are kept (32 MB) while chunks are
+// being taken: a busy member reads through hundreds of chunks a second,
+// and a sync.Pool alone frees what waited through two collections, which
+// at 50 or more collections a second is most of them: each fresh chunk
+// then cost 256 page faults to touch (5% of a one-sender run's CPU). Beyond
+// these, spare chunks go to a pool, so a burst costs nothing once it is
+// over; and after a collection with no chunk taken, the kept ones go to
+// the pool too, so a process that stopped reading gives them back.
 const keptChunks = 32
 
 var (
 	freeMu     sync.Mutex
 	freeChunks []*recvChunk // at most keptChunks
+	freeTaken  bool         // a chunk came off freeChunks since the last collection
 	spareChunk sync.Pool
+	idleTicks  atomic.Int64 // collections seen by trimIdle, for tests
 )
 
 // chunksMade counts the chunks allocated (not recycled), for tests.
@@ -43,6 +47,36 @@ func recycle(c *recvChunk) {
 	spareChunk.Put(c)
 }
 
+// gcTick's finalizer runs once per collection: it re-arms itself. (A
+// pointer field keeps it out of the tiny allocator, whose objects' may
+// never be finalized.)
+type gcTick struct{ _ *byte }
+
+func init() { armIdleTrim() }
+
+func armIdleTrim() {
+	runtime.SetFinalizer(&gcTick{}, func(*gcTick) {
+		trimIdle()
+		armIdleTrim()
+	})
+}
+
+// trimIdle hands the kept chunks to the pool when none was taken since
+// the last collection.
+func trimIdle() {
+	freeMu.Lock()
+	var idle []*recvChunk
+	if !freeTaken {
+		idle, freeChunks = freeChunks, nil
+	}
+	freeTaken = false
+	freeMu.Unlock()
+	for _, c := range idle {
+		spareChunk.Put(c)
+	}
+	idleTicks.Add(1)
+}
+
 // newChunk returns a recycled chunk or a new one, with the finalizer set
 // that recycles it.
 func newChunk() *recvChunk {
@@ -51,6 +85,7 @@ func newChunk() *recvChunk {
 	if n := len(freeChunks); n > 0 {
 		c, freeChunks[n-1] = freeChunks[n-1], nil
 		freeChunks = freeChunks[:n-1]
+		freeTaken = true
 	}
 	freeMu.Unlock()
 	if c == nil {
