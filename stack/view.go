@@ -88,6 +88,22 @@ func (v *View) Index(a Address) int {
 // Diff returns the members of v that are not in old (joined) and the members
 // of old that are not in v (left). A nil old counts as empty.
 func (v *View) Diff(old *View) (joined, left []Address) {
+	if old.Size() > smallView || v.Size() > smallView {
+		in, was := v.MemberSet(), old.MemberSet()
+		for _, m := range v.Members {
+			if _, ok := was[m]; !ok {
+				joined = append(joined, m)
+			}
+		}
+		if old != nil {
+			for _, m := range old.Members {
+				if _, ok := in[m]; !ok {
+					left = append(left, m)
+				}
+			}
+		}
+		return joined, left
+	}
 	for _, m := range v.Members {
 		if !old.Contains(m) {
 			joined = append(joined, m)
@@ -101,6 +117,22 @@ func (v *View) Diff(old *View) (joined, left []Address) {
 		}
 	}
 	return joined, left
+}
+
+// smallView is the size up to which testing every member of one view
+// against another with Contains (linear) costs less than a set.
+const smallView = 32
+
+// MemberSet returns the members as a set, for a caller that tests many
+// addresses against one view: Contains is linear in the view's size.
+func (v *View) MemberSet() map[Address]struct{} {
+	set := make(map[Address]struct{}, v.Size())
+	if v != nil {
+		for _, m := range v.Members {
+			set[m] = struct{}{}
+		}
+	}
+	return set
 }
 
 // String formats the view as "[A|3] (2) [A, B]".

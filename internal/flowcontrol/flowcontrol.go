@@ -507,8 +507,9 @@ func (f *FlowControl) viewChange(v *stack.View) {
 	f.leastOK = false
 	old := f.max
 	f.max = f.maxFor(len(v.Members))
+	in := v.MemberSet() // Contains is linear: a set keeps a view change O(N)
 	for a := range f.credits {
-		if !v.Contains(a) {
+		if _, ok := in[a]; !ok {
 			delete(f.credits, a)
 		} else {
 			// Another share: what is out still counts against it (the
@@ -517,7 +518,7 @@ func (f *FlowControl) viewChange(v *stack.View) {
 		}
 	}
 	for a := range f.recv {
-		if !v.Contains(a) {
+		if _, ok := in[a]; !ok {
 			delete(f.recv, a)
 		}
 	}

@@ -3,7 +3,8 @@ package all_test
 // The scale suite runs udp.toml (SIM in place of UDP) at sizes given by
 // STRATA_SCALE ("128", or "64,128,256"), in virtual time; without it the
 // test is skipped. STRATA_SCALE_MAX_BUNDLE_SIZE ("2KB") sets SIM's
-// datagram limit in place of udp.toml's 64KB. For each size N it takes the group through sequential
+// datagram limit in place of udp.toml's 64KB; STRATA_SCALE_HEAPPROFILE
+// (a file name) writes a heap profile once the group is whole. For each size N it takes the group through sequential
 // joins, min(50, N/2) members joining at once, a steady light load, the
 // crash of a member, the crash of the coordinator, a partition into two
 // halves that heals and merges, and a graceful leave. After each event it
@@ -19,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -328,6 +330,13 @@ func runScale(t *testing.T, n int) string {
 	burstCost := tr.since(s1).per(burst)
 	burstViews := g.chs[0].View().ID.Seq - v0
 	heap := (max(liveHeapBytes(), heap0) - heap0) / uint64(n)
+	if f := os.Getenv("STRATA_SCALE_HEAPPROFILE"); f != "" {
+		// The live heap of the whole group here, for go tool pprof.
+		out, err := os.Create(f)
+		require.NoError(t, err)
+		require.NoError(t, pprof.WriteHeapProfile(out))
+		require.NoError(t, out.Close())
+	}
 
 	// A steady light load: four members multicast 1 KB every 100 ms (40
 	// KB/s) for 70 s; STABLE's bytes beside the application's over the

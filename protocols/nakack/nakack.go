@@ -71,6 +71,12 @@ type NAKACK struct {
 	lastSent uint64        // seqno at the previous xmit run, for HIGHEST_SEQNO
 	lastTick uint64        // seqno at the previous whole-interval run, for own messages whose loopback was lost
 	gapKick  chan struct{} // a gap appeared: wakes gapWatch
+	// gappy lists the tables that may have a gap (messages above the
+	// highest delivered), so that the retransmission task looks at those
+	// and not at every sender of a large view twice a second. A table is
+	// listed (table.listed) when it may have got one, and taken off by
+	// the task once it has none or is no longer its sender's table.
+	gappy    []gappyTable
 	backoff  time.Duration
 	lastHS   time.Time
 	waiting  atomic.Int32  // goroutines in WaitDelivered (changed under mu)
@@ -116,6 +122,24 @@ type table struct {
 	// messages than the round agreed on. Cleared when the flush ends.
 	held  bool
 	limit uint64
+	// listed: in NAKACK.gappy.
+	listed bool
+}
+
+// gappyTable is an entry of NAKACK.gappy.
+type gappyTable struct {
+	src stack.Address
+	t   *table
+}
+
+// watchLocked lists src's table t for the retransmission task if it has
+// a gap now; callers hold n.mu, after anything that may have raised t's
+// highest received seqno.
+func (n *NAKACK) watchLocked(src stack.Address, t *table) {
+	if !t.listed && t.w.Gap() {
+		t.listed = true
+		n.gappy = append(n.gappy, gappyTable{src, t})
+	}
 }
 
 // notePeak keeps the peak of t's bytes not yet delivered; callers hold
@@ -148,6 +172,7 @@ func (n *NAKACK) Start() error {
 	n.mu.Lock()
 	n.tables = map[stack.Address]*table{n.LocalAddress(): newTable(0)}
 	n.lastT = nil
+	n.gappy = nil
 	n.seqno, n.lastSent, n.lastTick, n.view = 0, 0, 0, nil
 	n.mu.Unlock()
 	n.GoEvery(n.cfg.XmitInterval, func() { n.xmitTask(true) })
@@ -323,6 +348,7 @@ func (n *NAKACK) handle(m *stack.Message) (stack.Address, bool) {
 				n.st.tooFar.Add(1)
 			} else {
 				t.w.Raise(h.Seqno)
+				n.watchLocked(m.Src, t)
 				n.kickGaps()
 			}
 		}
@@ -351,6 +377,7 @@ func (n *NAKACK) skipPurged(src stack.Address, upto uint64) bool {
 		return false
 	}
 	skipped := t.w.Skip(upto)
+	n.watchLocked(src, t)
 	n.st.skipped.Add(int64(skipped))
 	return skipped > 0
 }
@@ -390,7 +417,9 @@ func (n *NAKACK) addLocked(m *stack.Message, seq uint64, self stack.Address) (bo
 	// A placeholder the window fills is a seqno the sender said it purged
 	// (skipPurged) that came after all, before delivery passed it: it is
 	// delivered.
-	switch t.w.Add(seq, m, false, limit) {
+	res := t.w.Add(seq, m, false, limit)
+	n.watchLocked(m.Src, t)
+	switch res {
 	case window.Added:
 		if gap {
 			n.kickGaps()
@@ -531,8 +560,9 @@ func (n *NAKACK) viewChange(v *stack.View) {
 	// A flush's hold on a sender that stays stays until the flush ends
 	// (an empty Reconcile): released here, its messages would reach the
 	// application before the view that they were delivered in.
+	in := v.MemberSet() // Contains is linear: a set keeps a view change O(N)
 	for a := range n.tables {
-		if !v.Contains(a) && a != n.LocalAddress() {
+		if _, ok := in[a]; !ok && a != n.LocalAddress() {
 			delete(n.tables, a)
 			n.lastT = nil
 		}
@@ -592,6 +622,7 @@ func (n *NAKACK) SetDigest(d stack.Digest) {
 			nt.w.Raise(e.HighestReceived)
 			n.tables[e.Member] = nt
 			n.lastT = nil
+			n.watchLocked(e.Member, nt)
 		}
 	}
 }

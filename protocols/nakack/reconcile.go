@@ -99,6 +99,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 			goal := max(e.HighestReceived, e.HighestDelivered)
 			if goal > t.w.HighestReceived() && e.Member != self {
 				t.w.Raise(goal) // the retransmission task asks for the gap
+				n.watchLocked(e.Member, t)
 				n.kickGaps()
 			}
 			if t.w.HighestDelivered() < goal || t.w.Removing() && (t.rc == nil || !t.rc.Taken()) {

@@ -54,18 +54,14 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 	announce := uint64(0)
 	now := time.Now()
 	n.mu.Lock()
-	var others []stack.Address
-	if n.view != nil {
-		for _, m := range n.view.Members {
-			if m != self {
-				others = append(others, m)
-			}
-		}
-	}
-	for src, t := range n.tables {
-		if src == self || !t.w.Gap() {
+	kept := n.gappy[:0]
+	for _, g := range n.gappy {
+		src, t := g.src, g.t
+		if n.tables[src] != t || src == self || !t.w.Gap() {
+			t.listed = false
 			continue
 		}
+		kept = append(kept, g)
 		gaps = true
 		if !t.w.Due(now, n.cfg.firstXmit(), n.cfg.XmitInterval) {
 			continue
@@ -83,11 +79,15 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		to := src
 		// A sender that left, or has not answered the last request (it may
 		// have crashed), is not the only member that may hold the messages.
-		if len(others) > 0 && (n.view != nil && !n.view.Contains(src) || t.asks%2 == 1) {
-			to = others[n.Rand().IntN(len(others))]
+		if n.view != nil && (!n.view.Contains(src) || t.asks%2 == 1) {
+			if o := n.randomOther(self); !o.IsZero() {
+				to = o
+			}
 		}
 		reqs = append(reqs, req{to, &Header{Type: typeXmitReq, Sender: src, Missing: missing}})
 	}
+	clear(n.gappy[len(kept):])
+	n.gappy = kept
 	recoverOwn := false
 	if own := n.tables[self]; whole && own != nil {
 		// Own messages are delivered when the transport loops them back;
@@ -124,4 +124,23 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		n.deliverFrom(self)
 	}
 	return gaps
+}
+
+// randomOther returns a random member of the view other than self, or the
+// zero address if there is none; callers hold n.mu. It picks in O(1), not
+// by listing the others: it runs for every sender asked again.
+func (n *NAKACK) randomOther(self stack.Address) stack.Address {
+	ms := n.view.Members
+	switch k := len(ms); {
+	case k == 0 || k == 1 && ms[0] == self:
+		return stack.Address{}
+	case k == 1:
+		return ms[0]
+	default:
+		i := n.Rand().IntN(k - 1)
+		if ms[i] == self {
+			return ms[k-1] // self's place goes to the last member
+		}
+		return ms[i]
+	}
 }
