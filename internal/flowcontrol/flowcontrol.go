@@ -114,10 +114,13 @@ type FlowControl struct {
 	// every member's entry, and least is the smallest entry while leastOK.
 	// settleLocked applies spent before anything else reads or changes
 	// credits.
-	spent    int64
-	least    int64
-	leastOK  bool
-	changed  chan struct{} // closed (and replaced) when credits grow or the view changes
+	spent   int64
+	least   int64
+	leastOK bool
+	changed chan struct{} // closed (and replaced) when credits grow or the view changes
+	// recv: a receiver's account of each member that sent it controlled
+	// messages (made on the first one, so a large view costs nothing for
+	// the members that never send).
 	recv     map[stack.Address]*recvState
 	waiting  int   // senders blocked for credits right now
 	recalled bool  // a layer above closed its gate: senders do not wait here (EvRecallSenders)
@@ -249,6 +252,12 @@ func (f *FlowControl) lacking(dest stack.Address, need int64) (short []stack.Add
 		return short, known
 	}
 	c, ok := f.credits[dest]
+	if !ok && f.view.Contains(dest) {
+		// UFC keeps credits for the members it sends to, from the first
+		// message on: a large view costs nothing for the rest.
+		c, ok = f.max, true
+		f.credits[dest] = c
+	}
 	if ok && c < need {
 		short = append(short, dest)
 	}
@@ -393,10 +402,21 @@ func (f *FlowControl) counted(m *stack.Message) bool {
 
 func (f *FlowControl) arrived(src stack.Address, n int64) {
 	f.mu.Lock()
-	if r := f.recv[src]; r != nil {
+	if r := f.recvLocked(src); r != nil {
 		r.inflight += n
 	}
 	f.mu.Unlock()
+}
+
+// recvLocked returns src's account, made now if src is a member of the
+// view that has none yet; nil for a non-member. Callers hold f.mu.
+func (f *FlowControl) recvLocked(src stack.Address) *recvState {
+	r := f.recv[src]
+	if r == nil && src != f.LocalAddress() && f.view.Contains(src) {
+		r = &recvState{progress: time.Now()}
+		f.recv[src] = r
+	}
+	return r
 }
 
 // processed adds n bytes from src to what this receiver has processed and
@@ -440,7 +460,7 @@ func (f *FlowControl) handle(src stack.Address, h *Header) {
 	case TypeCreditRequest:
 		f.requestsRecv.Add(1)
 		f.mu.Lock()
-		r := f.recv[src]
+		r := f.recvLocked(src)
 		if r == nil {
 			f.mu.Unlock()
 			f.ignored.Add(1)
@@ -522,16 +542,14 @@ func (f *FlowControl) viewChange(v *stack.View) {
 			delete(f.recv, a)
 		}
 	}
-	now := time.Now()
-	for _, a := range v.Members {
-		if a == self {
-			continue
-		}
-		if _, ok := f.credits[a]; !ok {
-			f.credits[a] = f.max
-		}
-		if f.recv[a] == nil {
-			f.recv[a] = &recvState{progress: now}
+	if f.mcast {
+		// MFC needs every receiver's credits; UFC and the receivers'
+		// accounts start with a member's first message (lacking,
+		// recvLocked).
+		for _, a := range v.Members {
+			if _, ok := f.credits[a]; !ok && a != self {
+				f.credits[a] = f.max
+			}
 		}
 	}
 	close(f.changed)
@@ -544,6 +562,15 @@ func (f *FlowControl) Credits() map[stack.Address]int64 {
 	defer f.mu.Unlock()
 	f.settleLocked()
 	out := make(map[stack.Address]int64, len(f.credits))
+	if f.view != nil && !f.mcast {
+		// UFC holds credits only for the members it sent to: the others
+		// have all of theirs.
+		for _, m := range f.view.Members {
+			if m != f.LocalAddress() {
+				out[m] = f.max
+			}
+		}
+	}
 	for a, c := range f.credits {
 		out[a] = c
 	}
@@ -560,11 +587,15 @@ func (f *FlowControl) Stats() []stack.Stat {
 			least = c
 		}
 	}
-	maxCredits := f.max
+	maxCredits, accounts := f.max, int64(len(f.recv))
+	if least < 0 && !f.mcast {
+		least = maxCredits // UFC has sent to nobody: every member has all
+	}
 	f.mu.Unlock()
 	return append(stack.CounterStats(f),
 		stack.Stat{Name: "min_credits_left", Value: max(least, 0)},
 		stack.Stat{Name: "max_credits", Value: maxCredits},
+		stack.Stat{Name: "senders_accounted", Value: accounts},
 	)
 }
 

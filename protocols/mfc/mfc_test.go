@@ -175,3 +175,34 @@ func TestCreditsFitTheReceiveBuffer(t *testing.T) {
 		})
 	}
 }
+
+// TestReceiversAccountOnlyForMembersThatSend: in a group of 12 where one
+// member multicasts, every receiver keeps an account for that one sender,
+// not for each member of the view (in a large group an account per
+// member per member is N² state for senders that never send).
+func TestReceiversAccountOnlyForMembersThatSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fcs := make([]*mfc.MFC, 12)
+		c := stacktest.StartSIM(t, 12, 1, func(i int) []stack.Protocol {
+			fcs[i] = mfc.New(mfc.DefaultConfig())
+			return []stack.Protocol{nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+		})
+		for seq := range 5 {
+			require.NoError(t, c.Channels[0].Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, seq, 1000))))
+		}
+		for i, fc := range fcs[1:] {
+			stacktest.WaitFor(t, time.Minute, func() bool { return stat(fc, "senders_accounted") == 1 }, "member %d accounts for the one sender", i+1)
+		}
+		require.Zero(t, stat(fcs[0], "senders_accounted"), "the sender received nothing controlled")
+		require.Len(t, fcs[0].Credits(), 11, "the sender holds credits for every receiver")
+	})
+}
+
+func stat(fc *mfc.MFC, name string) int64 {
+	for _, s := range fc.Stats() {
+		if s.Name == name {
+			return s.Value
+		}
+	}
+	return -1
+}
