@@ -63,17 +63,33 @@ type Window struct {
 	// ahead costs one row, not every row up to it.
 	rows     []*row
 	base     uint64 // seqno of rows[0][0]: a multiple of rowSize
-	free     []*row // rows freed below low, for the next ones needed (at most maxFree)
 	n        int    // entries held
-	keep     bool   // delivered entries stay until Purge (for retransmission)
 	bytes    int64  // payload bytes of the kept messages
 	buffered int64  // payload bytes of messages not yet delivered
+	keep     bool   // delivered entries stay until Purge (for retransmission)
 	removing bool
+	// cold holds what only a window with traffic needs, made on first
+	// use: a member of a large group holds a window for every sender,
+	// and most never send.
+	cold *cold
+}
+
+// cold is the part of a Window that only a window with traffic needs.
+type cold struct {
+	free []*row // rows freed below low, for the next ones needed (at most maxFree)
 	// spare: the slice the remover gathers messages in, kept between
 	// runs (only the remover touches it; the layers above do not keep a
 	// batch's slice once they return).
 	spare []*stack.Message
 	pacer stack.Pacer
+}
+
+// c returns w's cold part, made now if w has none yet.
+func (w *Window) c() *cold {
+	if w.cold == nil {
+		w.cold = &cold{}
+	}
+	return w.cold
 }
 
 // New returns an empty window whose next seqno to deliver is hd+1. With
@@ -119,9 +135,9 @@ func (w *Window) slot(seq uint64) *Entry {
 	}
 	r := w.rows[i]
 	if r == nil {
-		if n := len(w.free); n > 0 {
-			r = w.free[n-1]
-			w.free = w.free[:n-1]
+		if c := w.cold; c != nil && len(c.free) > 0 {
+			r = c.free[len(c.free)-1]
+			c.free = c.free[:len(c.free)-1]
 		} else {
 			r = new(row)
 		}
@@ -149,9 +165,9 @@ func (w *Window) drop(e *Entry) {
 func (w *Window) trim() {
 	k := 0
 	for k < len(w.rows) && w.base+rowSize <= w.low {
-		if r := w.rows[k]; r != nil && len(w.free) < maxFree {
+		if r := w.rows[k]; r != nil && len(w.c().free) < maxFree {
 			*r = row{} // empty already; cleared so that reuse cannot see a stale entry
-			w.free = append(w.free, r)
+			w.cold.free = append(w.cold.free, r)
 		}
 		k++
 		w.base += rowSize
@@ -318,7 +334,7 @@ func (w *Window) Gap() bool { return w.hr > w.hd }
 // per window (stack.Pacer) with the highest delivered seqno as the mark of
 // progress; first and interval are the Pacer's.
 func (w *Window) Due(now time.Time, first, interval time.Duration) bool {
-	return w.pacer.Due(now, w.hd, first, interval)
+	return w.c().pacer.Due(now, w.hd, first, interval)
 }
 
 // Missing returns, in order, at most limit seqnos above the highest
@@ -404,8 +420,8 @@ func (w *Window) Deliver(mu sync.Locker, r *Remover) {
 			msgs = w.take(r.Stop)
 		}
 		if len(msgs) == 0 {
-			if open {
-				w.spare = msgs
+			if open && cap(msgs) > 0 {
+				w.c().spare = msgs
 			}
 			w.removing, finished = false, true
 			if r.Done != nil {
@@ -421,15 +437,17 @@ func (w *Window) Deliver(mu sync.Locker, r *Remover) {
 		r.Up(msgs)
 		clear(msgs)
 		mu.Lock()
-		w.spare = msgs[:0]
+		w.c().spare = msgs[:0]
 	}
 }
 
 // take gathers the messages that can be delivered in order, in the spare
 // slice, and moves the highest delivered seqno past them.
 func (w *Window) take(stop func(Entry) bool) []*stack.Message {
-	msgs := w.spare[:0]
-	w.spare = nil
+	var msgs []*stack.Message
+	if c := w.cold; c != nil {
+		msgs, c.spare = c.spare[:0], nil
+	}
 	for {
 		s := w.hd + 1
 		e := w.find(s)
