@@ -15,11 +15,22 @@
 // wholeEvery rounds: a lost one costs a later purge, never a wrong one.
 // Votes and announcements go in parts of at most maxEntries entries, so
 // neither has to fit one datagram however large the view.
+//
+// Votes and announcements are small: an entry names its sender by its
+// place in the view (both ends hold the view the message names) and
+// carries one seqno, a few bytes instead of an address and two seqnos.
+// A member votes once per round: after a timed vote it waits for the
+// round's announcement before its next one (or backstop intervals, should
+// the announcement be lost or the round have nothing to purge), since a
+// round completes only when every member has voted, and more votes in
+// between would only be overwritten.
 package stable
 
 import (
+	"cmp"
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,22 +72,25 @@ func init() {
 		Samples: func() []stack.Header {
 			a, b := stack.NewAddress(), stack.NewAddress()
 			return []stack.Header{
-				&Header{Type: TypeVote, ViewID: stack.ViewID{Creator: a, Seq: 3}, Digest: stack.Digest{{Member: a, HighestDelivered: 10, HighestReceived: 12}, {Member: b}}},
-				&Header{Type: TypeVote, Last: true, Digest: stack.Digest{}},
-				&Header{Type: TypeStability, ViewID: stack.ViewID{Creator: b, Seq: 1}, Digest: stack.Digest{{Member: b, HighestDelivered: 7}}, Last: true},
+				&Header{Type: TypeVote, ViewID: stack.ViewID{Creator: a, Seq: 3}, Entries: []Entry{{Index: 0, Seqno: 10}, {Index: 7, Seqno: 1 << 40}}},
+				&Header{Type: TypeVote, Last: true, Entries: []Entry{}},
+				&Header{Type: TypeStability, ViewID: stack.ViewID{Creator: b, Seq: 1}, Entries: []Entry{{Index: 3, Seqno: 7}}, Last: true},
 			}
 		},
 	})
 }
 
-// maxEntries bounds the digest entries of one STABLE message (about 36
-// bytes each at most): larger votes and announcements go in parts. A
-// transport with small datagrams makes the parts smaller (perPart).
+// maxEntries bounds the entries of one STABLE message (at most 13 bytes
+// each): larger votes and announcements go in parts. A transport with
+// small datagrams makes the parts smaller (perPart).
 var maxEntries = 1000
 
-// maxEntrySize is the largest encoding of one digest entry: an address
-// and two seqnos.
-const maxEntrySize = stack.AddressSize + 2*10
+// maxEntrySize is the largest encoding of one entry: a place in the view
+// (below 1<<16: 3 bytes) and a seqno (10).
+const maxEntrySize = 3 + 10
+
+// maxIndex bounds the places in a view that an entry may name.
+const maxIndex = 1 << 16
 
 // headerFixed bounds a STABLE header without its digest entries: type,
 // last, view id and the entry count.
@@ -120,28 +134,65 @@ const (
 // Header is a STABLE message: a vote or a stability announcement, for the
 // view ViewID. Last marks the last part of a member's vote.
 type Header struct {
-	Type   byte
-	Last   bool
-	ViewID stack.ViewID
-	Digest stack.Digest
+	Type    byte
+	Last    bool
+	ViewID  stack.ViewID
+	Entries []Entry // in increasing order of Index
+}
+
+// Entry is one sender's highest delivered seqno (in a vote: delivered by
+// the voter; in an announcement: by every member), the sender named by
+// its place in the view the message names.
+type Entry struct {
+	Index uint32
+	Seqno uint64
 }
 
 // Size returns the encoded length.
 func (h *Header) Size() int {
-	return 2 + stack.ViewIDSize(h.ViewID) + stack.DigestSize(h.Digest)
+	n := 2 + stack.ViewIDSize(h.ViewID) + wire.UvarintSize(uint64(len(h.Entries)))
+	prev := uint32(0)
+	for _, e := range h.Entries {
+		n += wire.UvarintSize(uint64(e.Index-prev)) + wire.UvarintSize(e.Seqno)
+		prev = e.Index
+	}
+	return n
 }
 
-// AppendTo appends the encoding.
+// AppendTo appends the encoding: the entries' places as gaps from the
+// previous one.
 func (h *Header) AppendTo(b []byte) []byte {
 	b = append(b, h.Type)
 	b = wire.AppendBool(b, h.Last)
 	b = stack.AppendViewID(b, h.ViewID)
-	return stack.AppendDigest(b, h.Digest)
+	b = wire.AppendUvarint(b, uint64(len(h.Entries)))
+	prev := uint32(0)
+	for _, e := range h.Entries {
+		b = wire.AppendUvarint(b, uint64(e.Index-prev))
+		b = wire.AppendUvarint(b, e.Seqno)
+		prev = e.Index
+	}
+	return b
 }
 
 func decodeHeader(r *wire.Reader) (stack.Header, error) {
 	h := &Header{Type: r.Uint8(), Last: r.Bool(), ViewID: stack.ReadViewID(r)}
-	h.Digest = stack.ReadDigest(r)
+	n := r.Uvarint()
+	if n > maxIndex || 2*n > uint64(r.Len()) {
+		r.Fail("stable: %d entries", n)
+		return nil, r.Err()
+	}
+	h.Entries = make([]Entry, n)
+	prev := uint64(0)
+	for i := range h.Entries {
+		d := r.Uvarint()
+		if i > 0 && d == 0 || prev+d >= maxIndex {
+			r.Fail("stable: entry places must increase and stay below %d", maxIndex)
+			return nil, r.Err()
+		}
+		prev += d
+		h.Entries[i] = Entry{Index: uint32(prev), Seqno: r.Uvarint()}
+	}
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
@@ -150,6 +201,44 @@ func decodeHeader(r *wire.Reader) (stack.Header, error) {
 		return nil, r.Err()
 	}
 	return h, nil
+}
+
+// entries returns d's entries (delivered seqnos) by their senders' places
+// in v, in increasing order; senders not in v are left out.
+func entries(v *stack.View, d stack.Digest) []Entry {
+	out := make([]Entry, 0, len(d))
+	if len(d) > 8 {
+		pos := make(map[stack.Address]int, v.Size())
+		for i, m := range v.Members {
+			pos[m] = i
+		}
+		for _, e := range d {
+			if i, ok := pos[e.Member]; ok {
+				out = append(out, Entry{Index: uint32(i), Seqno: e.HighestDelivered})
+			}
+		}
+	} else {
+		for _, e := range d {
+			if i := v.Index(e.Member); i >= 0 {
+				out = append(out, Entry{Index: uint32(i), Seqno: e.HighestDelivered})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Index, b.Index) })
+	return out
+}
+
+// Digest returns the entries as a digest of the members of v, the view
+// the message names; ok is false if an entry names no member of it.
+func (h *Header) Digest(v *stack.View) (d stack.Digest, ok bool) {
+	d = make(stack.Digest, 0, len(h.Entries))
+	for _, e := range h.Entries {
+		if int(e.Index) >= v.Size() {
+			return nil, false
+		}
+		d = append(d, stack.DigestEntry{Member: v.Members[e.Index], HighestDelivered: e.Seqno})
+	}
+	return d, true
 }
 
 // STABLE is the STABLE protocol.
@@ -165,6 +254,11 @@ type STABLE struct {
 	// and votes since the last whole one.
 	voted     map[stack.Address]uint64
 	sinceVote int
+	// As a member: a timed vote went out at votedAt and the round's
+	// announcement has not come since; the next timed vote waits for it,
+	// or for backstop intervals.
+	waiting bool
+	votedAt time.Time
 	// As the coordinator: per member, the highest delivered seqno per
 	// sender heard in its votes of this view, and who voted this round.
 	rows  map[stack.Address]map[stack.Address]uint64
@@ -179,6 +273,7 @@ type STABLE struct {
 	rounds    atomic.Int64 `stat:"stable_rounds"`
 	announced atomic.Int64 `stat:"stability_received"`
 	stale     atomic.Int64 `stat:"gossips_ignored"`
+	skipped   atomic.Int64 `stat:"votes_skipped"` // timed votes not sent: the round had not ended
 }
 
 var _ stack.Protocol = (*STABLE)(nil)
@@ -203,7 +298,7 @@ func (s *STABLE) Start() error {
 				t.Stop()
 				return
 			case <-t.C:
-				s.vote(false)
+				s.timedVote()
 			}
 		}
 	})
@@ -213,6 +308,27 @@ func (s *STABLE) Start() error {
 // Gossip sends this member's whole digest to the coordinator now (the
 // coordinator takes its own).
 func (s *STABLE) Gossip() { s.vote(true) }
+
+// backstop is how many intervals a member waits for a round's
+// announcement after its timed vote before it votes again anyway: the
+// announcement is an unreliable multicast, and a round that changed
+// nothing announces nothing.
+const backstop = 3
+
+// timedVote votes, unless this member's last timed vote is still waiting
+// for its round to end: a round completes only once every member has
+// voted, so a second vote in the same round would only overwrite the
+// first at the coordinator.
+func (s *STABLE) timedVote() {
+	s.mu.Lock()
+	wait := s.waiting && time.Since(s.votedAt) < backstop*s.cfg.Interval
+	s.mu.Unlock()
+	if wait {
+		s.skipped.Add(1)
+		return
+	}
+	s.vote(false)
+}
 
 // vote sends this member's digest to the coordinator: whole, or only the
 // entries that changed since its last vote to this coordinator. Every
@@ -231,7 +347,7 @@ func (s *STABLE) vote(whole bool) {
 	}
 	self, coord := s.LocalAddress(), v.Members[0]
 	if coord == self {
-		s.takeVote(v.ID, self, &Header{Type: TypeVote, Last: true, ViewID: v.ID, Digest: d})
+		s.takeVote(v.ID, self, d, true)
 		return
 	}
 	s.mu.Lock()
@@ -246,11 +362,12 @@ func (s *STABLE) vote(whole bool) {
 		s.sinceVote = 0
 	}
 	send := changedSince(d, &s.voted, whole)
+	s.waiting, s.votedAt = true, time.Now()
 	s.mu.Unlock()
-	parts := split(send, s.perPart())
+	parts := split(entries(v, send), s.perPart())
 	for i, part := range parts {
 		s.sent.Add(1)
-		if err := s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Digest: part}); err != nil {
+		if err := s.send(coord, &Header{Type: TypeVote, Last: i == len(parts)-1, ViewID: v.ID, Entries: part}); err != nil {
 			// Not sent (the stack is closing or the view moved on): the
 			// coordinator did not hear what was recorded as voted, so the
 			// next vote is whole.
@@ -286,10 +403,10 @@ func changedSince(d stack.Digest, last *map[stack.Address]uint64, whole bool) st
 	return out
 }
 
-// split cuts d into parts of at most n entries; an empty digest is one
+// split cuts d into parts of at most n entries; no entries make one
 // empty part.
-func split(d stack.Digest, n int) []stack.Digest {
-	parts := make([]stack.Digest, 0, len(d)/n+1)
+func split(d []Entry, n int) [][]Entry {
+	parts := make([][]Entry, 0, len(d)/n+1)
 	for len(d) > n {
 		parts = append(parts, d[:n])
 		d = d[n:]
@@ -356,27 +473,47 @@ func (s *STABLE) handle(src stack.Address, h *Header) {
 	switch h.Type {
 	case TypeVote:
 		s.received.Add(1)
-		s.takeVote(h.ViewID, src, h)
+		s.mu.Lock()
+		v := s.view
+		s.mu.Unlock()
+		if v == nil || h.ViewID != v.ID {
+			s.stale.Add(1)
+			return
+		}
+		d, ok := h.Digest(v)
+		if !ok {
+			s.stale.Add(1)
+			return
+		}
+		s.takeVote(h.ViewID, src, d, h.Last)
 	case TypeStability:
 		if src == s.LocalAddress() {
 			return // the coordinator applied it when it sent it
 		}
 		s.mu.Lock()
-		ok := s.view != nil && h.ViewID == s.view.ID && s.view.Members[0] == src
+		v := s.view
+		ok := v != nil && h.ViewID == v.ID && v.Members[0] == src
+		var d stack.Digest
+		if ok {
+			d, ok = h.Digest(v)
+		}
+		if ok && h.Last {
+			s.waiting = false // the round this member voted in ended
+		}
 		s.mu.Unlock()
 		if !ok {
 			s.stale.Add(1)
 			return
 		}
 		s.announced.Add(1)
-		_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: h.Digest})
+		_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: d})
 	}
 }
 
-// takeVote adds (part of) src's vote; once every member of the view has
-// voted since the last round, the minimum per sender is stable: the
-// coordinator purges it and announces it.
-func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
+// takeVote adds (part of) src's vote, d (last: its last part); once every
+// member of the view has voted since the last round, the minimum per
+// sender is stable: the coordinator purges it and announces it.
+func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, d stack.Digest, last bool) {
 	s.mu.Lock()
 	v := s.view
 	if v == nil || vid != v.ID || !v.Contains(src) || v.Members[0] != s.LocalAddress() {
@@ -389,15 +526,15 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	}
 	row := s.rows[src]
 	if row == nil {
-		row = make(map[stack.Address]uint64, len(h.Digest))
+		row = make(map[stack.Address]uint64, len(d))
 		s.rows[src] = row
 	}
-	for _, e := range h.Digest {
+	for _, e := range d {
 		// Within a view a member's delivered seqnos only grow; a vote
 		// that overtook a later one changes nothing.
 		row[e.Member] = max(row[e.Member], e.HighestDelivered)
 	}
-	if h.Last {
+	if last {
 		s.round[src] = true
 	}
 	if len(s.round) < v.Size() {
@@ -432,9 +569,9 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, h *Header) {
 	s.rounds.Add(1)
 	_, _ = s.PassDownEvent(s.Context(), stack.EvStable{Digest: minD})
 	if v.Size() > 1 && len(tell) > 0 {
-		parts := split(tell, s.perPart())
+		parts := split(entries(v, tell), s.perPart())
 		for i, part := range parts {
-			_ = s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Digest: part})
+			_ = s.send(stack.Address{}, &Header{Type: TypeStability, Last: i == len(parts)-1, ViewID: v.ID, Entries: part})
 		}
 	}
 }
@@ -452,6 +589,7 @@ func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, e
 			s.mu.Lock()
 			old := s.view
 			s.view = v
+			s.waiting = false
 			clear(s.round)
 			if old == nil || len(old.Members) == 0 || len(v.Members) == 0 || old.Members[0] != v.Members[0] {
 				s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0

@@ -176,13 +176,13 @@ func TestVotesGoToTheCoordinatorOnly(t *testing.T) {
 				continue
 			}
 			require.Equal(t, coord, dests[j], "a vote is a unicast to the coordinator")
-			switch len(h.Digest) {
+			switch len(h.Entries) {
 			case n:
 				whole++
 			case 0, 1:
 				one++
 			default:
-				t.Fatalf("a vote of %d entries: only A's changes", len(h.Digest))
+				t.Fatalf("a vote of %d entries: only A's changes", len(h.Entries))
 			}
 		}
 		// 20 votes each: the first of the view and every 10th are whole.
@@ -213,7 +213,7 @@ func TestVotesAndAnnouncementsGoInParts(t *testing.T) {
 		for i := range n {
 			msgs, _ := g.spy[i].all()
 			for _, h := range msgs {
-				require.LessOrEqual(t, len(h.Digest), 2, "no STABLE message carries more than a part")
+				require.LessOrEqual(t, len(h.Entries), 2, "no STABLE message carries more than a part")
 				if !h.Last {
 					parts++
 				}
@@ -262,7 +262,7 @@ func TestFirstVotesOfANewViewAreDeltasUnderTheSameCoordinator(t *testing.T) {
 				continue
 			}
 			votes++
-			require.LessOrEqual(t, len(h.Digest), 1, "a vote after the view change carries only A's entry, which changed")
+			require.LessOrEqual(t, len(h.Entries), 1, "a vote after the view change carries only A's entry, which changed")
 		}
 		require.Positive(t, votes)
 	})
@@ -324,8 +324,10 @@ func TestVoteAfterAFailedOneIsWhole(t *testing.T) {
 			}
 			return false
 		}, "the coordinator gets a vote from B")
-		require.True(t, slices.ContainsFunc(first.Digest, func(e stack.DigestEntry) bool { return e.Member == cAddr && e.HighestDelivered == 10 }),
-			"B's first vote that arrives says it has delivered C's 10 messages: %v", first.Digest)
+		d, ok := first.Digest(c.Channels[0].View())
+		require.True(t, ok)
+		require.True(t, slices.ContainsFunc(d, func(e stack.DigestEntry) bool { return e.Member == cAddr && e.HighestDelivered == 10 }),
+			"B's first vote that arrives says it has delivered C's 10 messages: %v", d)
 	})
 }
 
@@ -358,5 +360,64 @@ func TestPartsFitTheTransportsDatagrams(t *testing.T) {
 		for i, s := range sims {
 			require.Zero(t, stacktest.Stat(t, s, "msgs_too_big"), "member %d sent nothing larger than a datagram", i)
 		}
+	})
+}
+
+// loadFrom multicasts 100-byte messages from ch every 100 ms for d.
+func loadFrom(t *testing.T, ch *stack.Channel, d time.Duration) {
+	for seq := range int(d / (100 * time.Millisecond)) {
+		require.NoError(t, ch.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, seq, 100))))
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestVotesAreSmall: under a steady load from one sender, a vote names
+// that sender by its place in the view and carries one seqno: with its
+// view id, at most 26 bytes of header (an address and two seqnos per
+// entry made it 40 and more). In a large group a vote per member per
+// round is most of what STABLE costs.
+func TestVotesAreSmall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1<<30, time.Second) // timed votes only
+		loadFrom(t, g.c.Channels[n-1], 20*time.Second)
+		hs, srcs := g.spy[0].votes()
+		votes, seen := 0, map[stack.Address]bool{}
+		for i, h := range hs {
+			if h.Type != stable.TypeVote || !seen[srcs[i]] {
+				seen[srcs[i]] = true // the first vote of the view is whole
+				continue
+			}
+			votes++
+			require.LessOrEqual(t, h.Size(), 26, "a vote's header")
+		}
+		require.Greater(t, votes, 10)
+	})
+}
+
+// TestOneTimedVotePerRound: a round ends once every member has voted, so
+// a member's timed votes wait for the round's announcement: each member
+// votes about once per round, not once per interval (with votes at
+// random times in 0.5-1.5 intervals, a round of 5 lasts about 1.3
+// intervals, and of 1,000 about 1.5).
+func TestOneTimedVotePerRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1<<30, time.Second) // timed votes only
+		loadFrom(t, g.c.Channels[n-1], 60*time.Second)
+		rounds := stacktest.Stat(t, g.sts[0], "stable_rounds")
+		require.Greater(t, rounds, int64(20))
+		hs, srcs := g.spy[0].votes()
+		perMember := map[stack.Address]int64{}
+		for i, h := range hs {
+			if h.Type == stable.TypeVote && h.Last {
+				perMember[srcs[i]]++
+			}
+		}
+		require.Len(t, perMember, n-1)
+		for m, votes := range perMember {
+			require.LessOrEqual(t, votes, rounds+2, "member %s: votes in %d rounds", m, rounds)
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
 	})
 }
