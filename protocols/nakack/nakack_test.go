@@ -390,3 +390,48 @@ func TestBufferAboveAGapIsBoundedAndRefills(t *testing.T) {
 		stacktest.WaitFor(t, time.Minute, g.allStable, "nothing held")
 	})
 }
+
+// TestLongRetransmissionRequestsGoInPartsThatFitADatagram: with 1.5 KB
+// datagrams (a control budget of 512 bytes) and max_xmit_req 8192, B
+// misses A's first 2,000 multicasts; one request for all of them would
+// take about 2 KB and be refused by the transport, and the gap would
+// never close. NAKACK sends it in several requests that each fit.
+func TestLongRetransmissionRequestsGoInPartsThatFitADatagram(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 2000
+		net := stacktest.NewNetwork(t, 1)
+		var sims []*sim.SIM
+		g := &group{t: t, nak: make([]*nakack.NAKACK, 2), d: make([]*discard.Discard, 2)}
+		g.c = stacktest.Start(t, 2, func(i int) []stack.Protocol {
+			scfg := sim.DefaultConfig()
+			scfg.Network, scfg.BundleSize = net.Name(), 1536
+			cfg := nakCfg()
+			cfg.MaxXmitReq = wire.MaxSeqnoList
+			s := sim.New(scfg)
+			sims = append(sims, s)
+			g.nak[i], g.d[i] = nakack.New(cfg), discard.New(discard.DefaultConfig())
+			return []stack.Protocol{s, g.d[i], g.nak[i]}
+		})
+		g.c.Net = net
+		g.c.InjectView(t)
+		var lose atomic.Bool
+		lose.Store(true)
+		g.d[1].DropUpIf(func(m *stack.Message) bool {
+			h, ok := m.Header(stack.IDNAKACK).(*nakack.Header)
+			return lose.Load() && ok && h.Type.String() == "MSG"
+		})
+		a := g.c.Channels[0]
+		for s := range n {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, s, 8))))
+		}
+		synctest.Wait()
+		lose.Store(false)
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, n, 8))))
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.c.Recv[1].Len() == n+1 }, "B has every message")
+		require.Empty(t, g.c.Recv[1].CheckExactlyOnce(g.c.Addresses()[:1], n+1, true))
+		require.Greater(t, stacktest.Stat(t, g.nak[1], "xmit_reqs_sent"), int64(3), "the request went in parts")
+		for i, s := range sims {
+			require.Zero(t, stacktest.Stat(t, s, "msgs_too_big"), "member %d sent nothing larger than a datagram", i)
+		}
+	})
+}

@@ -137,8 +137,7 @@ func (n *NAKACK) reconcile(ctx context.Context, rc stack.EvReconcile) error {
 		if len(reqs) > 0 {
 			n.mu.Unlock()
 			for _, r := range reqs {
-				n.st.xmitReqSent.Add(1)
-				n.control(r.to, r.h)
+				n.sendXmitReq(r.to, r.h)
 			}
 			n.mu.Lock()
 			ask = false

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/strata-go/strata/stack"
+	"github.com/strata-go/strata/stack/wire"
 )
 
 func (n *NAKACK) handleXmitReq(from stack.Address, h *Header) {
@@ -114,8 +115,7 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 	}
 	n.mu.Unlock()
 	for _, r := range reqs {
-		n.st.xmitReqSent.Add(1)
-		n.control(r.to, r.h)
+		n.sendXmitReq(r.to, r.h)
 	}
 	if announce > 0 {
 		n.control(stack.Address{}, &Header{Type: typeHighestSeqno, Seqno: announce})
@@ -124,6 +124,17 @@ func (n *NAKACK) xmitTask(whole bool) (gaps bool) {
 		n.deliverFrom(self)
 	}
 	return gaps
+}
+
+// sendXmitReq sends the retransmission request h to to, in as many
+// requests as it takes for each to fit the stack's control budget (a
+// list of max_xmit_req seqnos far apart can take 80 KB).
+func (n *NAKACK) sendXmitReq(to stack.Address, h *Header) {
+	limit := max(n.Stack().ControlLimit()-(1+stack.AddressSize), wire.MinSeqnoListLimit)
+	for _, part := range wire.SplitSeqnoList(h.Missing, limit) {
+		n.st.xmitReqSent.Add(1)
+		n.control(to, &Header{Type: typeXmitReq, Sender: h.Sender, Missing: part})
+	}
 }
 
 // randomOther returns a random member of the view other than self, or the

@@ -513,8 +513,13 @@ func (u *UNICAST2) xmitTask() {
 		u.sendStable(r.dest, r.h)
 	}
 	for _, r := range reqs {
-		u.st.xmitReqSent.Add(1)
-		u.control(r.dest, r.h)
+		// In as many requests as it takes for each to fit the stack's
+		// control budget (type, connection id and flags: 4 bytes).
+		limit := max(u.Stack().ControlLimit()-4, wire.MinSeqnoListLimit)
+		for _, part := range wire.SplitSeqnoList(r.h.Missing, limit) {
+			u.st.xmitReqSent.Add(1)
+			u.control(r.dest, &Header{Type: typeXmitReq, ConnID: r.h.ConnID, Missing: part})
+		}
 	}
 	for _, m := range resend {
 		u.st.resends.Add(1)

@@ -683,3 +683,54 @@ func TestStreamInFlightIsNotResent(t *testing.T) {
 		require.Zero(t, stacktest.Stat(t, p.u[0], "retransmissions"), "nothing lost, nothing resent")
 	})
 }
+
+// TestLongRetransmissionRequestsGoInPartsThatFitADatagram: with 1.5 KB
+// datagrams (a control budget of 512 bytes) and max_xmit_req 8192, B
+// misses 2,000 of A's unicasts after the first; one request for all of
+// them would take about 2 KB and be refused by the transport, and the gap
+// would never close. UNICAST2 sends it in several requests that each fit.
+func TestLongRetransmissionRequestsGoInPartsThatFitADatagram(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 2000
+		net := stacktest.NewNetwork(t, 1)
+		var sims []*sim.SIM
+		var us [2]*unicast2.UNICAST2
+		var ds [2]*discard.Discard
+		c := stacktest.Start(t, 2, func(i int) []stack.Protocol {
+			scfg := sim.DefaultConfig()
+			scfg.Network, scfg.BundleSize = net.Name(), 1536
+			cfg := testConfig()
+			cfg.MaxXmitReq = 8192
+			s := sim.New(scfg)
+			sims = append(sims, s)
+			us[i], ds[i] = unicast2.New(cfg), discard.New(discard.DefaultConfig())
+			return []stack.Protocol{s, ds[i], us[i]}
+		})
+		c.Net = net
+		c.InjectView(t)
+		a, b := c.Channels[0], c.Channels[1].Address()
+		send := func(s int) {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(b, stacktest.Payload(0, s, 8))))
+		}
+		send(0)
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == 1 }, "the connection is open")
+		var lose atomic.Bool
+		lose.Store(true)
+		ds[1].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			return lose.Load() && h != nil && h.Type == 0
+		})
+		for s := 1; s <= n; s++ {
+			send(s)
+		}
+		synctest.Wait()
+		lose.Store(false)
+		send(n + 1)
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == n+2 }, "B has every message")
+		require.Empty(t, c.Recv[1].CheckExactlyOnce([]stack.Address{a.Address()}, n+2, true))
+		require.Greater(t, stacktest.Stat(t, us[1], "xmit_reqs_sent"), int64(3), "the request went in parts")
+		for i, s := range sims {
+			require.Zero(t, stacktest.Stat(t, s, "msgs_too_big"), "member %d sent nothing larger than a datagram", i)
+		}
+	})
+}

@@ -249,6 +249,34 @@ func SeqnoListSize(s []uint64) int {
 	return n
 }
 
+// SplitSeqnoList cuts an increasing seqno list into consecutive lists
+// whose encodings (AppendSeqnoList) take at most limit bytes each, each
+// holding at least one seqno (a limit below MinSeqnoListLimit still gives
+// one seqno a list). An empty list gives no lists.
+func SplitSeqnoList(s []uint64, limit int) [][]uint64 {
+	var out [][]uint64
+	for len(s) > 0 {
+		// A count of up to 2 bytes (MaxSeqnoList), the first seqno whole,
+		// each later one as its gap to the one before.
+		n, size := 1, 2+UvarintSize(s[0])
+		for n < len(s) && n < MaxSeqnoList {
+			d := UvarintSize(s[n] - s[n-1])
+			if size+d > limit {
+				break
+			}
+			size += d
+			n++
+		}
+		out = append(out, s[:n:n])
+		s = s[n:]
+	}
+	return out
+}
+
+// MinSeqnoListLimit is the smallest limit for which SplitSeqnoList's
+// lists are sure to fit: a count and one seqno.
+const MinSeqnoListLimit = 2 + 10
+
 // AppendSeqnoList appends an increasing list of seqnos (retransmission
 // requests), delta encoded: a count, then each gap to the previous one.
 func AppendSeqnoList(b []byte, s []uint64) []byte {

@@ -137,3 +137,26 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitSeqnoListFitsTheLimit: the lists SplitSeqnoList makes each
+// encode within the limit, hold at least one seqno, and together are the
+// input in order; a list that fits is not cut.
+func TestSplitSeqnoListFitsTheLimit(t *testing.T) {
+	var s []uint64
+	for i := range uint64(3000) {
+		s = append(s, 1+i*i) // gaps from 1 byte to 2 bytes
+	}
+	s = append(s, 1<<62) // and one of 9 bytes
+	for _, limit := range []int{wire.MinSeqnoListLimit, 100, 512, 64 << 10} {
+		parts := wire.SplitSeqnoList(s, limit)
+		var joined []uint64
+		for _, p := range parts {
+			require.NotEmpty(t, p)
+			require.LessOrEqual(t, wire.SeqnoListSize(p), limit, "limit %d", limit)
+			joined = append(joined, p...)
+		}
+		require.Equal(t, s, joined, "limit %d", limit)
+	}
+	require.Len(t, wire.SplitSeqnoList([]uint64{5, 6, 7}, 512), 1)
+	require.Empty(t, wire.SplitSeqnoList(nil, 512))
+}
