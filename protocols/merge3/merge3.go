@@ -301,8 +301,17 @@ func (m *Merge3) handle(src stack.Address, from netip.AddrPort, h *Header) {
 	if phys.IsValid() {
 		_, _ = m.PassDownEvent(m.Context(), stack.EvAddPhysicalAddress{Logical: src, Physical: phys})
 	}
+	// Only what Check acts on is kept: an announcement of this member's
+	// own view comes from a member of it, which Check passes by. In a
+	// steady group of N that is every announcement, and keeping them
+	// would cost every member N of them.
+	v := m.View()
 	m.mu.Lock()
-	m.heard[src] = h
+	if v != nil && h.ViewID == v.ID {
+		delete(m.heard, src) // superseded: its view is this one now
+	} else {
+		m.heard[src] = h
+	}
 	m.mu.Unlock()
 }
 

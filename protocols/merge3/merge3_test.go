@@ -129,3 +129,26 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	def := merge3.DefaultConfig()
 	require.NoError(t, def.Validate())
 }
+
+// TestAnnouncementsOfTheSameViewAreNotKept: in one view every member
+// hears every other member's announcements; a check passes those by, so
+// nobody keeps them (in a group of N, N announcements at every member),
+// while an announcement of another view is kept for the check.
+func TestAnnouncementsOfTheSameViewAreNotKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := make([]*merge3.Merge3, 4)
+		long := cfg
+		long.CheckInterval = time.Hour // no check empties what was kept
+		c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
+			ms[i] = merge3.New(long)
+			return []stack.Protocol{ms[i]}
+		})
+		a := c.Addresses()
+		stacktest.InjectView(t, stack.NewView(a[0], 5, a[:3]...), c.Channels[:3]...)
+		stacktest.InjectView(t, stack.NewView(a[3], 2, a[3]), c.Channels[3])
+		for i, m := range ms[:3] {
+			stacktest.WaitFor(t, time.Minute, func() bool { return stacktest.Stat(t, m, "announcements_received") >= 6 }, "member %d hears the others", i)
+			require.LessOrEqual(t, m.HeardForTest(), 1, "member %d keeps only D's announcement (another view)", i)
+		}
+	})
+}
