@@ -345,6 +345,7 @@ func (s *STABLE) vote(whole bool) {
 	if err != nil {
 		return
 	}
+	d = delivered(d)
 	self, coord := s.LocalAddress(), v.Members[0]
 	if coord == self {
 		s.takeVote(v.ID, self, d, true)
@@ -379,6 +380,21 @@ func (s *STABLE) vote(whole bool) {
 			return
 		}
 	}
+}
+
+// delivered returns the entries of d with something delivered: a sender
+// that a vote, a row or an announcement does not name counts as nothing
+// delivered from it (which is always true), so the members of a large
+// group that never send cost nothing in votes, in the coordinator's rows
+// (N members by N senders) or in announcements.
+func delivered(d stack.Digest) stack.Digest {
+	out := d[:0:0]
+	for _, e := range d {
+		if e.HighestDelivered > 0 {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // changedSince returns the entries of d whose seqno differs from *last
@@ -545,14 +561,14 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, d stack.Digest, l
 	for sender, low := range s.rows[v.Members[0]] {
 		all := true
 		for _, m := range v.Members[1:] {
-			hd, ok := s.rows[m][sender]
-			if !ok {
+			row := s.rows[m]
+			if row == nil {
 				all = false
 				break
 			}
-			low = min(low, hd)
+			low = min(low, row[sender]) // not named: nothing delivered from it (delivered)
 		}
-		if all {
+		if all && low > 0 {
 			minD = append(minD, stack.DigestEntry{Member: sender, HighestDelivered: low})
 		}
 	}
@@ -595,16 +611,17 @@ func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, e
 				s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0
 				clear(s.rows)
 			} else {
-				in := make(map[stack.Address]bool, len(v.Members))
-				for _, m := range v.Members {
-					in[m] = true
+				tests := len(s.voted) + len(s.told) + len(s.rows)
+				for _, row := range s.rows {
+					tests += len(row)
 				}
-				gone := func(a stack.Address, _ uint64) bool { return !in[a] }
+				in := v.Lookup(tests) // votes name only senders that sent: few tests, but for a coordinator
+				gone := func(a stack.Address, _ uint64) bool { return !in(a) }
 				maps.DeleteFunc(s.voted, gone)
 				maps.DeleteFunc(s.told, gone)
 				maps.DeleteFunc(s.rows, func(m stack.Address, row map[stack.Address]uint64) bool {
 					maps.DeleteFunc(row, gone)
-					return !in[m]
+					return !in(m)
 				})
 			}
 			s.mu.Unlock()

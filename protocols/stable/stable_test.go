@@ -421,3 +421,26 @@ func TestOneTimedVotePerRound(t *testing.T) {
 		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
 	})
 }
+
+// TestSilentSendersAreNotNamed: in a group of 10 where one member sends,
+// no vote names more than that sender, not even a member's first (whole)
+// vote: a sender not named counts as nothing delivered from it. Whole
+// votes naming every member cost N entries from each of N members each
+// time the coordinator changes, and the coordinator's rows N by N.
+func TestSilentSendersAreNotNamed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 10
+		g := startStable(t, n, 1<<30, time.Second) // timed votes only
+		loadFrom(t, g.c.Channels[3], 10*time.Second)
+		stacktest.WaitFor(t, time.Minute, func() bool { return g.allPurged(t) }, "every table is purged")
+		hs, _ := g.spy[0].votes()
+		votes := 0
+		for _, h := range hs {
+			if h.Type == stable.TypeVote {
+				votes++
+				require.LessOrEqual(t, len(h.Entries), 1, "a vote names only the one sender")
+			}
+		}
+		require.GreaterOrEqual(t, votes, n-1)
+	})
+}
