@@ -123,6 +123,20 @@ func (v *View) Diff(old *View) (joined, left []Address) {
 // against another with Contains (linear) costs less than a set.
 const smallView = 32
 
+// Lookup returns a membership test of v for a caller about to test about n
+// addresses: Contains for a few or a small view, a set (MemberSet) for
+// many against a large one, so the caller's loop stays O(n + N).
+func (v *View) Lookup(n int) func(Address) bool {
+	if n <= 4 || v.Size() <= smallView {
+		return v.Contains
+	}
+	in := v.MemberSet()
+	return func(a Address) bool {
+		_, ok := in[a]
+		return ok
+	}
+}
+
 // MemberSet returns the members as a set, for a caller that tests many
 // addresses against one view: Contains is linear in the view's size.
 func (v *View) MemberSet() map[Address]struct{} {

@@ -28,5 +28,11 @@ func TestDiffOfLargeViewsMatchesSmallOnes(t *testing.T) {
 		require.Equal(t, v.Members, joined, "n=%d: against no view, all joined", n)
 		require.Empty(t, left)
 		require.Len(t, v.MemberSet(), v.Size())
+		for _, k := range []int{1, 1000} {
+			in := v.Lookup(k)
+			require.True(t, in(all[n]), "n=%d, lookup for %d", n, k)
+			require.False(t, in(all[1]), "n=%d, lookup for %d", n, k)
+		}
+		require.False(t, (*stack.View)(nil).Lookup(1000)(all[0]))
 	}
 }

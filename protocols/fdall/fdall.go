@@ -203,10 +203,11 @@ func (f *FDAll) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, er
 func (f *FDAll) setView(v *stack.View) {
 	now := time.Now().UnixNano()
 	self := f.LocalAddress()
+	in := v.MemberSet() // Contains is linear: a set keeps a view change O(N)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for a := range f.last {
-		if !v.Contains(a) {
+		if _, ok := in[a]; !ok {
 			delete(f.last, a)
 			delete(f.suspected, a)
 		}

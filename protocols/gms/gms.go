@@ -337,8 +337,9 @@ func (g *GMS) installFrom(v *stack.View, d stack.Digest, joined bool) bool {
 		g.viewDigest, g.viewDigestID = d, v.ID
 		g.mu.Unlock()
 		var fresh stack.Digest
+		known := old.Lookup(len(d)) // a merge view's digest names every member
 		for _, e := range d {
-			if !old.Contains(e.Member) && e.Member != g.LocalAddress() {
+			if !known(e.Member) && e.Member != g.LocalAddress() {
 				fresh = append(fresh, e)
 			}
 		}

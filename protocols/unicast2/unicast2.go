@@ -576,13 +576,14 @@ func (u *UNICAST2) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer,
 func (u *UNICAST2) viewChange(v *stack.View) {
 	var gone []stack.Address
 	u.mu.Lock()
+	in := v.Lookup(len(u.recv) + len(u.send)) // a coordinator talks to every member
 	for a := range u.recv {
-		if !v.Contains(a) {
+		if !in(a) {
 			gone = append(gone, a)
 		}
 	}
 	for a := range u.send {
-		if !v.Contains(a) {
+		if !in(a) {
 			delete(u.send, a)
 		}
 	}
