@@ -267,6 +267,10 @@ type STABLE struct {
 	// rounds since the last whole announcement.
 	told     map[stack.Address]uint64
 	sinceAll int
+	// kick makes the vote loop vote now: a member new to the view or to
+	// its coordinator votes at once, so that rounds, which wait for every
+	// member, are not held up by the newest joiner.
+	kick chan struct{}
 
 	sent      atomic.Int64 `stat:"gossips_sent"`
 	received  atomic.Int64 `stat:"gossips_received"`
@@ -279,7 +283,7 @@ type STABLE struct {
 var _ stack.Protocol = (*STABLE)(nil)
 
 // New returns a STABLE layer.
-func New(cfg Config) *STABLE { return &STABLE{cfg: cfg} }
+func New(cfg Config) *STABLE { return &STABLE{cfg: cfg, kick: make(chan struct{}, 1)} }
 
 // Name returns "STABLE".
 func (s *STABLE) Name() string { return "STABLE" }
@@ -299,6 +303,9 @@ func (s *STABLE) Start() error {
 				return
 			case <-t.C:
 				s.timedVote()
+			case <-s.kick:
+				t.Stop()
+				s.vote(false)
 			}
 		}
 	})
@@ -592,7 +599,8 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, d stack.Digest, l
 	}
 }
 
-// DownEvent tracks the view. A new round starts with each view. Under the
+// DownEvent tracks the view. A new coordinator starts a new round; under
+// the same one the round goes on without the members that left. Under the
 // same coordinator, what was voted and announced stays for the members and
 // senders in both views: a member's reliable-multicast table for a sender
 // lives as long as the sender stays in its view, so its delivered seqno
@@ -606,12 +614,12 @@ func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, e
 			old := s.view
 			s.view = v
 			s.waiting = false
-			clear(s.round)
 			if old == nil || len(old.Members) == 0 || len(v.Members) == 0 || old.Members[0] != v.Members[0] {
 				s.voted, s.told, s.sinceVote, s.sinceAll = nil, nil, 0, 0
 				clear(s.rows)
+				clear(s.round)
 			} else {
-				tests := len(s.voted) + len(s.told) + len(s.rows)
+				tests := len(s.voted) + len(s.told) + len(s.rows) + len(s.round)
 				for _, row := range s.rows {
 					tests += len(row)
 				}
@@ -623,8 +631,21 @@ func (s *STABLE) DownEvent(ctx context.Context, ev stack.Event) (stack.Answer, e
 					maps.DeleteFunc(row, gone)
 					return !in(m)
 				})
+				// The round goes on: the votes it has are rows, valid
+				// for as long as their voters stay. Restarted at each
+				// view, it would never end while members join every few
+				// seconds, and every member would keep every multicast
+				// (the views themselves) until the joins stopped.
+				maps.DeleteFunc(s.round, func(m stack.Address, _ bool) bool { return !in(m) })
 			}
+			first := s.voted == nil && len(v.Members) > 1 && v.Members[0] != s.LocalAddress()
 			s.mu.Unlock()
+			if first {
+				select {
+				case s.kick <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}
 	return s.PassDownEvent(ctx, ev)

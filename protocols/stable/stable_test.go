@@ -444,3 +444,51 @@ func TestSilentSendersAreNotNamed(t *testing.T) {
 		require.GreaterOrEqual(t, votes, n-1)
 	})
 }
+
+// TestRoundsEndWhileViewsChangeEverySecond: views change every second
+// under the same coordinator (as while members join one after another),
+// faster than members vote (every 5 s on average). The round goes on
+// across the views and ends, so what everyone delivered is purged while
+// the views keep changing; restarted at every view, no round would end
+// and every member would keep every multicast, the views among them,
+// until the joins stopped.
+func TestRoundsEndWhileViewsChangeEverySecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5
+		g := startStable(t, n, 1<<30, 5*time.Second) // timed votes only
+		a := g.c.Channels[0]
+		v := a.View()
+		for round := range 60 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, round, 100))))
+			time.Sleep(time.Second)
+			v = stack.NewView(v.ID.Creator, v.ID.Seq+1, v.Members...)
+			stacktest.InjectView(t, v, g.c.Channels...)
+		}
+		require.Positive(t, stacktest.Stat(t, g.sts[0], "stable_rounds"), "rounds end while the views change")
+		for i, nk := range g.naks {
+			require.Less(t, stacktest.Stat(t, nk, "msgs_held"), int64(40), "member %d purged while the views changed", i)
+		}
+	})
+}
+
+// TestJoinerVotesAtOnce: a member new to the view votes at once, not at
+// its first timed vote 0.5-1.5 intervals later: the round waits for every
+// member, the newest joiner too.
+func TestJoinerVotesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 4
+		g := startStable(t, n, 1<<30, time.Hour) // no timed votes within the test
+		a, d := g.c.Channels[0], g.c.Channels[n-1]
+		v := a.View()
+		// D alone, then D joins A's group of four.
+		stacktest.InjectView(t, stack.NewView(d.Address(), v.ID.Seq+1, d.Address()), d)
+		stacktest.InjectView(t, stack.NewView(v.ID.Creator, v.ID.Seq+1, v.Members[:n-1]...), g.c.Channels[:n-1]...)
+		synctest.Wait()
+		before, _ := g.spy[0].votes()
+		stacktest.InjectView(t, stack.NewView(v.ID.Creator, v.ID.Seq+2, v.Members...), g.c.Channels...)
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			_, srcs := g.spy[0].votes()
+			return slices.Contains(srcs[len(before):], d.Address())
+		}, "the joiner votes within a minute, with timed votes an hour apart")
+	})
+}
