@@ -294,15 +294,23 @@ func (s *STABLE) Init() error { return s.cfg.Validate() }
 // Start starts the gossip timer.
 func (s *STABLE) Start() error {
 	s.Go(func(done <-chan struct{}) {
+		skipped := false
 		for {
 			d := s.cfg.Interval/2 + s.Rand().Duration(s.cfg.Interval)
+			if skipped {
+				// Waiting for the round's end: look again soon, so that
+				// the next vote follows the announcement within a
+				// quarter interval and rounds do not stretch by a whole
+				// timer period.
+				d = s.cfg.Interval/20 + s.Rand().Duration(s.cfg.Interval/5)
+			}
 			t := time.NewTimer(d)
 			select {
 			case <-done:
 				t.Stop()
 				return
 			case <-t.C:
-				s.timedVote()
+				skipped = !s.timedVote()
 			case <-s.kick:
 				t.Stop()
 				s.vote(false)
@@ -326,15 +334,18 @@ const backstop = 3
 // for its round to end: a round completes only once every member has
 // voted, so a second vote in the same round would only overwrite the
 // first at the coordinator.
-func (s *STABLE) timedVote() {
+//
+// It reports whether it voted.
+func (s *STABLE) timedVote() bool {
 	s.mu.Lock()
 	wait := s.waiting && time.Since(s.votedAt) < backstop*s.cfg.Interval
 	s.mu.Unlock()
 	if wait {
 		s.skipped.Add(1)
-		return
+		return false
 	}
 	s.vote(false)
+	return true
 }
 
 // vote sends this member's digest to the coordinator: whole, or only the

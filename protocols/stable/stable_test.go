@@ -492,3 +492,19 @@ func TestJoinerVotesAtOnce(t *testing.T) {
 		}, "the joiner votes within a minute, with timed votes an hour apart")
 	})
 }
+
+// TestWaitingForTheRoundDoesNotStretchIt: a member whose timed vote found
+// its round still open looks again within a quarter interval, so its next
+// vote follows the round's announcement closely; waiting a whole timer
+// period (0.5-1.5 intervals) instead stretches every round of 20 members
+// (here 51-53 rounds in a minute of 1 s intervals against 45-46).
+func TestWaitingForTheRoundDoesNotStretchIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 20
+		g := startStable(t, n, 1<<30, time.Second) // timed votes only
+		loadFrom(t, g.c.Channels[n-1], 60*time.Second)
+		rounds := stacktest.Stat(t, g.sts[0], "stable_rounds")
+		// 51-53 rounds in 60 s; 45-46 when waiting a whole timer period.
+		require.GreaterOrEqual(t, rounds, int64(49))
+	})
+}
