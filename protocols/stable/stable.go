@@ -590,7 +590,26 @@ func (s *STABLE) takeVote(vid stack.ViewID, src stack.Address, d stack.Digest, l
 			minD = append(minD, stack.DigestEntry{Member: sender, HighestDelivered: low})
 		}
 	}
+	// A member whose row is already past what this round found stable
+	// has voted for the next one: its newer vote came before the round
+	// ended. Were it to vote again first, a round would wait for a vote
+	// that, with the traffic over, may never come (votes by max_bytes),
+	// and what everyone delivered would stay unannounced until the next
+	// timed vote. Safety does not depend on rounds: any announcement is
+	// the minimum of what the members said they delivered.
 	clear(s.round)
+	low := make(map[stack.Address]uint64, len(minD))
+	for _, e := range minD {
+		low[e.Member] = e.HighestDelivered
+	}
+	for _, m := range v.Members {
+		for sender, seq := range s.rows[m] {
+			if seq > low[sender] {
+				s.round[m] = true
+				break
+			}
+		}
+	}
 	// Announce what changed since the last announcement, and everything
 	// every wholeEvery rounds: a member that lost an announcement purges
 	// a sender that fell silent a few rounds later, not never.
