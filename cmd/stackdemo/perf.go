@@ -150,8 +150,10 @@ func (pm *perfMember) Receive(m *stack.Message) {
 	}
 	pm.last = now
 	pm.takeLocked(sender, seq)
-	pm.mu.Unlock()
+	// Counted before the lock goes: whoever sees the message taken (the
+	// wait for the last one) sees it in the totals too.
 	pm.counted(1, int64(len(p)))
+	pm.mu.Unlock()
 }
 
 // ReceiveBatch takes a batch as JGroups' perf driver (McastPerf) does: one
@@ -181,15 +183,13 @@ func (pm *perfMember) ReceiveBatch(b *stack.Batch) {
 	}
 	if n > 0 {
 		pm.last = time.Now()
+		pm.counted(n, bytes) // before the lock goes, as in Receive
 	}
 	pm.mu.Unlock()
 	for _, m := range b.Msgs {
 		if p := m.Payload; len(p) >= perfHdr && p[0] != kindData && p[0] != kindWarm {
 			pm.Receive(m)
 		}
-	}
-	if n > 0 {
-		pm.counted(n, bytes)
 	}
 	if warm > 0 {
 		select {
