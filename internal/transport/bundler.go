@@ -173,10 +173,18 @@ type Owner interface {
 	Stack() *stack.Stack
 }
 
+// flushAfter is how many finished bundles the bundler hands the sink before
+// it has them sent, when the queue does not run dry first: under a steady
+// load the queue may never be empty, and the bundles (64 KB each) would
+// pile up and leave in one burst.
+const flushAfter = 16
+
 // Bundler is the one goroutine that packs queued messages into bundles,
 // per destination. It finishes a destination's bundle when the next
-// message would make it exceed max, and hands everything to the sink as
-// soon as the queue is drained, so a lone message waits for no timer.
+// message would make it exceed max, and has the sink send everything as
+// soon as the queue is drained, so a lone message waits for no timer, or
+// once flushAfter bundles are finished, so a queue that never drains does
+// not hold them back.
 type Bundler struct {
 	owner    Owner
 	q        *SendQueue
@@ -187,6 +195,7 @@ type Bundler struct {
 	byDest   map[stack.Address]*bundle
 	last     *bundle // the last destination's: runs of one are the rule
 	active   []*bundle
+	finished int // bundles handed to the sink since its last Flush
 }
 
 type bundle struct {
@@ -209,11 +218,16 @@ func (b *Bundler) Run(done <-chan struct{}) {
 		if batch, ok = b.q.Take(batch, true, done); !ok {
 			return
 		}
-		// Everything queued goes into bundles before any is sent; what
-		// arrived meanwhile joins them, until the queue is empty.
+		// What is queued goes into bundles, and what arrives meanwhile
+		// joins them, until the queue is empty; every flushAfter finished
+		// bundles are sent on the way.
 		for len(batch) > 0 {
 			for _, m := range batch {
 				b.add(m)
+				if b.finished >= flushAfter {
+					b.sink.Flush()
+					b.finished = 0
+				}
 			}
 			batch, _ = b.q.Take(batch, false, done)
 		}
@@ -253,6 +267,7 @@ func (b *Bundler) finish(bd *bundle) {
 	b.counters.Count(bd.count, len(*bd.buf))
 	b.sink.Bundle(bd.buf, bd.dest)
 	bd.count = 0
+	b.finished++
 }
 
 func (b *Bundler) flushAll() {
@@ -264,6 +279,7 @@ func (b *Bundler) flushAll() {
 	}
 	b.active = b.active[:0]
 	b.sink.Flush()
+	b.finished = 0
 	if len(b.byDest) > 1024 {
 		clear(b.byDest)
 		b.last = nil
