@@ -139,6 +139,37 @@ func TestSendQueueTakeWaitsAndHandsOverEverything(t *testing.T) {
 	})
 }
 
+// TestSendQueuePutWaitsForTheBundlerToTake: a Put on a full queue stays
+// blocked until the bundler takes, then queues its message after the ones
+// taken.
+func TestSendQueuePutWaitsForTheBundlerToTake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := NewSendQueue(2)
+		done := make(chan struct{})
+		ms := make([]*stack.Message, 3)
+		for i := range ms {
+			ms[i] = stack.NewMessage(stack.Address{}, []byte{byte(i)})
+		}
+		require.True(t, q.TryPut(ms[0]))
+		require.True(t, q.TryPut(ms[1]))
+		require.False(t, q.TryPut(ms[2]), "full")
+		put := make(chan error, 1)
+		go func() { put <- q.Put(context.Background(), ms[2], false, done) }()
+		synctest.Wait()
+		select {
+		case err := <-put:
+			t.Fatalf("Put returned (%v) on a full queue nobody took from", err)
+		default:
+		}
+		got, ok := q.Take(nil, false, done)
+		require.True(t, ok)
+		require.Equal(t, ms[:2], got)
+		require.NoError(t, <-put, "room once the bundler took")
+		got, _ = q.Take(nil, false, done)
+		require.Equal(t, ms[2:], got)
+	})
+}
+
 // BenchmarkSendQueue1Producer: one sender putting, the bundler taking.
 func BenchmarkSendQueue1Producer(b *testing.B) {
 	q := NewSendQueue(10000)
