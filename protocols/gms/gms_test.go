@@ -890,3 +890,40 @@ func TestGroupOutgrowsItsDatagramsAndStillJoinsAndMerges(t *testing.T) {
 		grouptest.CheckViewHistories(t, all)
 	})
 }
+
+// TestMemberStartingDuringAnothersDiscoveryJoinsIt: two members started
+// half a discovery round apart form one group at once, whatever their
+// addresses. The first hears no answer; when it has the higher address,
+// only the second's request tells it that a member with a lower one is
+// joining too, and without that both started a group of their own until
+// MERGE3 joined them (48 s with udp.toml, 4 runs in 6 of `stackdemo perf
+// -join` with two processes).
+func TestMemberStartingDuringAnothersDiscoveryJoinsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := grouptest.New(t, 1)
+		first, second := l.Add(), l.Add()
+		if first.Addr().Compare(second.Addr()) < 0 {
+			first, second = second, first // the first to start has the higher address
+		}
+		var wg sync.WaitGroup
+		connect := func(m *grouptest.Member) {
+			wg.Go(func() { require.NoError(t, m.Ch.Connect(context.Background(), "test")) })
+		}
+		connect(first)
+		time.Sleep(250 * time.Millisecond) // half the lab's 500 ms discovery round
+		connect(second)
+		wg.Wait()
+		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(first, second) }, "one view of two")
+		require.Equal(t, 2, first.Ch.View().Size())
+		var singletons []string
+		for _, m := range []*grouptest.Member{first, second} {
+			for _, v := range m.Col.Views() {
+				if v.Size() == 1 {
+					singletons = append(singletons, v.String())
+				}
+			}
+		}
+		require.Len(t, singletons, 1, "one member starts the group and the other joins it, no merge: %v", singletons)
+		grouptest.CheckViewHistories(t, []*grouptest.Member{first, second})
+	})
+}

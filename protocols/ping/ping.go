@@ -357,6 +357,16 @@ func (d *Discovery) handle(m *stack.Message, h *Header) {
 	switch h.Type {
 	case typeRequest:
 		d.reqRecv.Add(1)
+		if !mi.IsServer {
+			// A member that asks without a view is joining too: it counts
+			// in this member's rounds as its answer would. Without it, a
+			// member that started first and heard no answer starts a
+			// group, while one that started during its round hears it
+			// (no view yet), finds its own address the lower and starts
+			// another: two groups until MERGE3 joins them (half the time,
+			// for two members started half a round apart).
+			d.addToRounds(mi)
+		}
 		if !h.Target.IsZero() && h.Target != d.LocalAddress() {
 			return
 		}
@@ -368,12 +378,17 @@ func (d *Discovery) handle(m *stack.Message, h *Header) {
 		d.send(src, &Header{Type: typeResponse, Info: d.self()})
 	case typeResponse:
 		d.rspRecv.Add(1)
-		d.mu.Lock()
-		for r := range d.rounds {
-			r.add(mi)
-		}
-		d.mu.Unlock()
+		d.addToRounds(mi)
 	}
+}
+
+// addToRounds records mi in every discovery round under way.
+func (d *Discovery) addToRounds(mi stack.MemberInfo) {
+	d.mu.Lock()
+	for r := range d.rounds {
+		r.add(mi)
+	}
+	d.mu.Unlock()
 }
 
 // answers reports whether this member answers a request to all: with
