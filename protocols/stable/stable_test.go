@@ -371,6 +371,16 @@ func loadFrom(t *testing.T, ch *stack.Channel, d time.Duration) {
 	}
 }
 
+// roundsUnderLoad runs n members that vote on a timer only (1 s
+// intervals) while the last one multicasts 10 messages a second for a
+// minute, and returns the group and the rounds its coordinator ended.
+func roundsUnderLoad(t *testing.T, n int) (*stableGroup, int64) {
+	t.Helper()
+	g := startStable(t, n, 1<<30, time.Second) // timed votes only
+	loadFrom(t, g.c.Channels[n-1], 60*time.Second)
+	return g, stacktest.Stat(t, g.sts[0], "stable_rounds")
+}
+
 // TestVotesAreSmall: under a steady load from one sender, a vote names
 // that sender by its place in the view and carries one seqno: with its
 // view id, at most 26 bytes of header (an address and two seqnos per
@@ -403,9 +413,7 @@ func TestVotesAreSmall(t *testing.T) {
 func TestOneTimedVotePerRound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 5
-		g := startStable(t, n, 1<<30, time.Second) // timed votes only
-		loadFrom(t, g.c.Channels[n-1], 60*time.Second)
-		rounds := stacktest.Stat(t, g.sts[0], "stable_rounds")
+		g, rounds := roundsUnderLoad(t, n)
 		require.Greater(t, rounds, int64(20))
 		hs, srcs := g.spy[0].votes()
 		perMember := map[stack.Address]int64{}
@@ -500,10 +508,7 @@ func TestJoinerVotesAtOnce(t *testing.T) {
 // (here 51-53 rounds in a minute of 1 s intervals against 45-46).
 func TestWaitingForTheRoundDoesNotStretchIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 20
-		g := startStable(t, n, 1<<30, time.Second) // timed votes only
-		loadFrom(t, g.c.Channels[n-1], 60*time.Second)
-		rounds := stacktest.Stat(t, g.sts[0], "stable_rounds")
+		_, rounds := roundsUnderLoad(t, 20)
 		// 51-53 rounds in 60 s; 45-46 when waiting a whole timer period.
 		require.GreaterOrEqual(t, rounds, int64(49))
 	})
