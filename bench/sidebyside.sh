@@ -42,6 +42,18 @@ if [ "${STACK:-udp}" = tcp ]; then
   scfg=(-config "$root/configs/tcp.toml") jcfg=(-config tcp.xml) stack=tcp impls=5
 fi
 scale=${SCALE:-1}
+# Both JGroups drivers run with a 1 GB heap (-Xms1g -Xmx1g). strata gets
+# the same budget: GOGC=off GOMEMLIMIT=1GiB collects when the heap nears
+# 1 GiB, as the JVM collects when its young generation fills.
+# STRATA_HEAP=SIZE sets another limit; STRATA_HEAP=go keeps Go's default
+# pacing (GOGC=100: a collection each time the heap doubles), which is
+# what an embedder gets without tuning.
+heap=${STRATA_HEAP:-1GiB}
+if [ "$heap" = go ]; then
+  genv=(env) heapdesc="Go's default GC pacing (GOGC=100)"
+else
+  genv=(env GOGC=off "GOMEMLIMIT=$heap") heapdesc="GOGC=off GOMEMLIMIT=$heap (the JVMs: -Xms1g -Xmx1g)"
+fi
 load() { cut -d' ' -f1 /proc/loadavg; }
 load0=$(load)
 if python3 -c "import sys; sys.exit(0 if $load0 > 0.5 else 1)"; then
@@ -63,9 +75,9 @@ bin=$tmp/stackdemo
 count() {
   local n
   case $1 in
-    mc2x1 | mc2x1-join) n=5000000 ;;
-    mc4x4) n=1000000 ;;
-    uc2) n=3000000 ;;
+    mc2x1 | mc2x1-join) n=7000000 ;;
+    mc4x4) n=1500000 ;;
+    uc2) n=4000000 ;;
   esac
   python3 -c "print(max(1000, int($n * $scale)))"
 }
@@ -137,17 +149,17 @@ run_strata() {
     export STRATA_MCAST_PORT=$port STRATA_MCAST_ADDR=$addr STRATA_BIND_PORT=$((20000 + RANDOM % 20000))
     export STRATA_INITIAL_HOSTS=127.0.0.1:$STRATA_BIND_PORT
     # shellcheck disable=SC2086
-    "$bin" perf -join $f "${scfg[@]}" -json > "$out.0" 2> "$out.err0" &
+    "${genv[@]}" "$bin" perf -join $f "${scfg[@]}" -json > "$out.0" 2> "$out.err0" &
     local p0=$!
     sleep 0.5
     # shellcheck disable=SC2086
-    "$bin" perf -join $f "${scfg[@]}" -json > "$out.1" 2> "$out.err1" || true
+    "${genv[@]}" "$bin" perf -join $f "${scfg[@]}" -json > "$out.1" 2> "$out.err1" || true
     wait $p0 || true
     unset STRATA_MCAST_PORT STRATA_MCAST_ADDR STRATA_BIND_PORT STRATA_INITIAL_HOSTS
     strata_metric "$shape" "$out.0" "$out.1"
   else
     # shellcheck disable=SC2086
-    "$bin" perf $f "${scfg[@]}" -json > "$out" 2> "$out.err" || true
+    "${genv[@]}" "$bin" perf $f "${scfg[@]}" -json > "$out" 2> "$out.err" || true
     strata_metric "$shape" "$out"
   fi
 }
@@ -176,6 +188,7 @@ ratio() { python3 -c "import sys; s, j = sys.argv[1], sys.argv[2]; print('%.2f' 
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then rev="$rev+dirty"; fi
 echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0"
+echo "# strata's heap: $heapdesc"
 echo "# $runs interleaved runs per shape; each run: a warm-up round, then the measured round (counts x$scale); msgs/s received"
 [ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"
 printf '%-11s %10s' shape strata
