@@ -710,18 +710,15 @@ func drive(ctx context.Context, o perfOptions, ms []*perfMember, stderr io.Write
 
 func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind byte, n int, sent *atomic.Int64, lats *[]time.Duration, lmu *sync.Mutex) error {
 	me := ms[i]
-	buf := make([]byte, o.size)
-	binary.BigEndian.PutUint32(buf[1:], uint32(i))
 	ts := targets(o, ms, i)
 	gfc, _ := groupfc.Of(me.ch) // nil without GROUPFC: the modes that need it were refused above
 	for s := range n {
-		binary.BigEndian.PutUint64(buf[5:], uint64(s))
-		buf[0] = kind
+		buf := perfPayload(o.size, kind, i, uint64(s))
 		switch o.mode {
 		case "rpc":
 			to := ms[(i+1+rand.IntN(len(ms)-1))%len(ms)].ch.Address()
 			t0 := time.Now()
-			if err := me.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
+			if err := me.call(ctx, to, buf, uint64(s)); err != nil {
 				return err
 			}
 			if kind == kindWarm {
@@ -731,7 +728,7 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 			*lats = append(*lats, time.Since(t0))
 			lmu.Unlock()
 		case "anycast":
-			if _, err := gfc.Anycast(ctx, 0, slices.Clone(buf)); err != nil {
+			if _, err := gfc.Anycast(ctx, 0, buf); err != nil {
 				return err
 			}
 		default:
@@ -742,7 +739,7 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 			if o.mode == "unicast" {
 				dest = ts[0].ch.Address()
 			}
-			m := stack.NewMessage(dest, slices.Clone(buf))
+			m := stack.NewMessage(dest, buf)
 			if o.oob {
 				m.Set(stack.OOB)
 			}
@@ -753,6 +750,19 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 		sent.Add(1)
 	}
 	return nil
+}
+
+// perfPayload returns a new payload of size bytes that starts with the
+// kind, the sender's index and the sequence number. A new array per
+// message, written only where the header is, as the JGroups driver
+// allocates one: a message's payload is the stack's once sent (NAKACK keeps
+// it for retransmission).
+func perfPayload(size int, kind byte, sender int, s uint64) []byte {
+	b := make([]byte, size)
+	b[0] = kind
+	binary.BigEndian.PutUint32(b[1:], uint32(sender))
+	binary.BigEndian.PutUint64(b[5:], s)
+	return b
 }
 
 // checkCounts says what was lost or duplicated.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -232,15 +231,12 @@ func waitDone(ctx context.Context, pm *perfMember, n int, round uint64) bool {
 // paced by the stack's flow control only; lats (nil: not kept) gets the
 // calls' latencies.
 func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, kind byte, n int, lats *[]time.Duration) error {
-	buf := make([]byte, o.size)
-	binary.BigEndian.PutUint32(buf[1:], uint32(pm.idx))
 	for s := range n {
-		binary.BigEndian.PutUint64(buf[5:], uint64(s))
-		buf[0] = kind
+		buf := perfPayload(o.size, kind, pm.idx, uint64(s))
 		if o.mode == "rpc" {
 			to := members[(pm.idx+1+rand.IntN(len(members)-1))%len(members)]
 			t0 := time.Now()
-			if err := pm.call(ctx, to, slices.Clone(buf), uint64(s)); err != nil {
+			if err := pm.call(ctx, to, buf, uint64(s)); err != nil {
 				return err
 			}
 			if lats != nil {
@@ -252,7 +248,7 @@ func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []st
 		if o.mode == "unicast" {
 			dest = members[dests[0]]
 		}
-		m := stack.NewMessage(dest, slices.Clone(buf))
+		m := stack.NewMessage(dest, buf)
 		if o.oob {
 			m.Set(stack.OOB)
 		}
