@@ -93,6 +93,15 @@ func TestAddrCacheIsBoundedAndKeepsMembers(t *testing.T) {
 	require.EqualValues(t, 1, c.Refused.Load(), "full of members: a newcomer is refused and counted")
 }
 
+// numbered returns n group messages whose payloads are their indexes.
+func numbered(n int) []*stack.Message {
+	ms := make([]*stack.Message, n)
+	for i := range ms {
+		ms[i] = stack.NewMessage(stack.Address{}, []byte{byte(i)})
+	}
+	return ms
+}
+
 // TestSendQueueTakeWaitsAndHandsOverEverything: the bundler's Take sleeps
 // on an empty queue until a sender puts, then takes all that is queued in
 // one go, in order; a sender blocked on a full queue gets room when the
@@ -101,10 +110,7 @@ func TestSendQueueTakeWaitsAndHandsOverEverything(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := NewSendQueue(3)
 		done := make(chan struct{})
-		ms := make([]*stack.Message, 5)
-		for i := range ms {
-			ms[i] = stack.NewMessage(stack.Address{}, []byte{byte(i)})
-		}
+		ms := numbered(5)
 		got := make(chan []*stack.Message)
 		go func() {
 			var b []*stack.Message
@@ -146,10 +152,7 @@ func TestSendQueuePutWaitsForTheBundlerToTake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := NewSendQueue(2)
 		done := make(chan struct{})
-		ms := make([]*stack.Message, 3)
-		for i := range ms {
-			ms[i] = stack.NewMessage(stack.Address{}, []byte{byte(i)})
-		}
+		ms := numbered(3)
 		require.True(t, q.TryPut(ms[0]))
 		require.True(t, q.TryPut(ms[1]))
 		require.False(t, q.TryPut(ms[2]), "full")
