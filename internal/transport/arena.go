@@ -30,8 +30,11 @@ const keptChunks = 32
 // collections set the heap goal, which sets how many are read before the
 // next: a process that reads faster than it allocates (four members in one
 // process, reading 10 GB/s) drove its heap goal past 6 GB in ten seconds,
-// and paid for it in page faults. 64 MB keeps the goal near twice the live
-// heap plus 64 MB; 128 and 256 were no faster.
+// and paid for it in page faults. With the bound, the chunks armed in one
+// cycle add at most 64 MB to the next goal; chunks armed in earlier cycles
+// and held since (NAKACK keeps what it received until it is stable) add
+// theirs when they are let go, as any other memory would. 128 and 256 were
+// no faster, and cost more page faults with GOGC=off.
 const armedPerCycle = 64
 
 var (
@@ -91,17 +94,16 @@ func trimIdle() {
 	idleTicks.Add(1)
 }
 
-// newChunk returns a recycled chunk or a new one, with the finalizer set
-// that recycles it.
+// newChunk returns a recycled chunk if there is one, or a new one. The
+// first armedPerCycle chunks of a collection cycle get the finalizer that
+// recycles them; the rest, recycled or new, are the collector's to free.
 func newChunk() *recvChunk {
 	var c *recvChunk
 	freeMu.Lock()
-	if armed >= armedPerCycle {
-		freeMu.Unlock()
-		chunksMade.Add(1)
-		return new(recvChunk)
+	arm := armed < armedPerCycle
+	if arm {
+		armed++
 	}
-	armed++
 	if n := len(freeChunks); n > 0 {
 		c, freeChunks[n-1] = freeChunks[n-1], nil
 		freeChunks = freeChunks[:n-1]
@@ -115,7 +117,9 @@ func newChunk() *recvChunk {
 		c = new(recvChunk)
 		chunksMade.Add(1)
 	}
-	runtime.SetFinalizer(c, recycle)
+	if arm {
+		runtime.SetFinalizer(c, recycle)
+	}
 	return c
 }
 
@@ -129,8 +133,9 @@ func newChunk() *recvChunk {
 // So a layer may keep what it received as long as it likes (NAKACK until
 // stable, UNICAST2 and FRAG until complete, the application) without
 // counting references or copying, and recycled chunks cost neither
-// clearing nor fresh pages from the kernel. What a layer keeps pins its
-// whole chunk.
+// clearing nor fresh pages from the kernel (up to armedPerCycle chunks
+// are recycled a collection cycle; the others are freed by the collector).
+// What a layer keeps pins its whole chunk.
 //
 // What is not kept costs no space: a datagram the transport dropped
 // (Drop) gives its bytes back, and a short datagram (at most an eighth
@@ -204,8 +209,8 @@ func (a *RecvArena) Drop() {
 	a.off, a.taken = a.prev, false
 }
 
-// NewRecvChunk returns a RecvChunkSize receive chunk, recycled once
-// nothing refers into it, as RecvArena's are: for a stream transport
+// NewRecvChunk returns a RecvChunkSize receive chunk, recycled (or freed)
+// once nothing refers into it, as RecvArena's are: for a stream transport
 // that frames its own reads (TCP). The caller must never write into
 // bytes it has handed out; it moves on to a new chunk instead.
 func NewRecvChunk() []byte { return newChunk()[:] }

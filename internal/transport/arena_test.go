@@ -137,6 +137,7 @@ func TestRecvArenaDropGivesBackTheSpace(t *testing.T) {
 // between that recycle the others: the kept ones must come out intact,
 // and chunks must be recycled (no fresh chunk per chunk filled).
 func TestRecvArenaRecyclesOnlyUnreferencedChunks(t *testing.T) {
+	nextCycle(t) // no chunk armed yet in this cycle
 	const slot = 65508
 	a := NewRecvArena(slot)
 	bufs := make([][]byte, 16)

@@ -162,7 +162,9 @@ type Sink interface {
 	// Bundle takes buf, a finished bundle for dest (zero: the group). The
 	// sink owns buf and returns it to the pool once sent.
 	Bundle(buf *[]byte, dest stack.Address)
-	// Flush sends what Bundle took: the bundler's queue is drained.
+	// Flush sends what Bundle took: the bundler's queue is drained, or
+	// flushAfter bundles were finished since the last Flush. A sink that
+	// sends each bundle as it takes it (TCP's) does nothing here.
 	Flush()
 }
 

@@ -11,6 +11,7 @@ import (
 // recycled like the arena's once the garbage collector finds nothing
 // refers into them, and a kept one is never handed out again.
 func TestNewRecvChunkIsRecycled(t *testing.T) {
+	nextCycle(t) // no chunk armed yet in this cycle
 	made := chunksMade.Load()
 	keep := NewRecvChunk()
 	require.Len(t, keep, RecvChunkSize)
@@ -35,11 +36,7 @@ func TestNewRecvChunkIsRecycled(t *testing.T) {
 func collectUntil(t *testing.T, ok func(kept int) bool, msg string) {
 	t.Helper()
 	for range 200 {
-		tick := idleTicks.Load()
-		runtime.GC()
-		for idleTicks.Load() == tick {
-			runtime.Gosched() // the finalizers of this collection
-		}
+		nextCycle(t)
 		freeMu.Lock()
 		n := len(freeChunks)
 		freeMu.Unlock()
@@ -56,6 +53,7 @@ func collectUntil(t *testing.T, ok func(kept int) bool, msg string) {
 // of times a second), no more than keptChunks of them; once no chunk is
 // taken for a collection, they are given back.
 func TestRecycledChunksOutliveCollectionsWhileTaken(t *testing.T) {
+	nextCycle(t) // no chunk armed yet in this cycle
 	func() {
 		cs := make([][]byte, keptChunks+8)
 		for i := range cs {
@@ -69,11 +67,7 @@ func TestRecycledChunksOutliveCollectionsWhileTaken(t *testing.T) {
 		cs := make([][]byte, 8)
 		for i := range cs {
 			cs[i] = NewRecvChunk() // a reader takes one per collection
-			tick := idleTicks.Load()
-			runtime.GC()
-			for idleTicks.Load() == tick {
-				runtime.Gosched()
-			}
+			nextCycle(t)
 		}
 		require.Equal(t, made, chunksMade.Load(), "the kept chunks are handed out again without allocating")
 		freeMu.Lock()
