@@ -908,13 +908,15 @@ func TestMemberStartingDuringAnothersDiscoveryJoinsIt(t *testing.T) {
 			first, second = second, first // the first to start has the higher address
 		}
 		var wg sync.WaitGroup
-		connect := func(m *grouptest.Member) {
-			wg.Go(func() { require.NoError(t, m.Ch.Connect(context.Background(), "test")) })
+		errs := make([]error, 2)
+		for i, m := range []*grouptest.Member{first, second} {
+			if i == 1 {
+				time.Sleep(250 * time.Millisecond) // half the lab's 500 ms discovery round
+			}
+			wg.Go(func() { errs[i] = m.Ch.Connect(context.Background(), "test") })
 		}
-		connect(first)
-		time.Sleep(250 * time.Millisecond) // half the lab's 500 ms discovery round
-		connect(second)
 		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
 		stacktest.WaitFor(t, time.Minute, func() bool { return grouptest.SameView(first, second) }, "one view of two")
 		require.Equal(t, 2, first.Ch.View().Size())
 		var singletons []string

@@ -233,7 +233,8 @@ func (d *Discovery) self() stack.MemberInfo {
 }
 
 // FindMembers runs one discovery round: it sends requests and collects
-// answers until the timeout (or the first coordinator's answer, with
+// answers, and the requests of members without a view (they are joining
+// too), until the timeout (or the first coordinator's answer, with
 // breakOnCoord), or until ctx ends. It never includes the local member.
 func (d *Discovery) FindMembers(ctx context.Context, timeout time.Duration, breakOnCoord bool) []stack.MemberInfo {
 	if timeout <= 0 {
@@ -410,6 +411,9 @@ func (d *Discovery) answers() bool {
 func (r *round) add(mi stack.MemberInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if old, ok := r.found[mi.Addr]; ok && old.IsServer && !mi.IsServer {
+		return // a late request from before its view: the answer stands
+	}
 	r.found[mi.Addr] = mi
 	if mi.IsCoord() && !r.seen {
 		r.seen = true
