@@ -78,7 +78,8 @@ bin=$tmp/stackdemo
 count() {
   local n
   case $1 in
-    mc2x1 | mc2x1-join) n=7000000 ;;
+    mc2x1) n=9000000 ;;
+    mc2x1-join) n=7000000 ;;
     mc4x4) n=1500000 ;;
     uc2) n=4000000 ;;
   esac

@@ -564,16 +564,35 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	res.MBPerS = float64(res.TotalMsgs) * float64(o.size) / el.Seconds() / 1e6
 	res.Errors = append(res.Errors, checkCounts(o, ms)...)
 	for _, pm := range ms {
-		for _, ps := range pm.ch.Stats() {
-			for _, s := range ps.Stats {
-				switch s.Name {
-				case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "dropped_oversized", "socket_errors", "blocked_ms", "blocked_sends", "resends_of_unacked", "dropped_queue_full_regular", "dropped_buffer_full", "late_responses", "echo_waits", "echo_wait_timeouts", "datagrams_sent", "datagrams_received", "send_calls", "recv_calls", "bundles_sent", "bundle_msgs_sent", "credits_granted_on_request", "blockings", "credit_requests_sent":
-					res.Stats[ps.Protocol+"."+s.Name] += s.Value
-				}
+		addStats(res.Stats, pm.ch)
+	}
+	return res, nil
+}
+
+// reportedStats are the counters a perf run adds up over its members and
+// reports: losses and their repair, flow control's waits, and the
+// transport's system calls and bundles.
+var reportedStats = map[string]bool{
+	"retransmissions": true, "xmit_reqs_sent": true, "resends_of_unacked": true,
+	"dropped_queue_full": true, "dropped_queue_full_regular": true, "dropped_oversized": true,
+	"dropped_buffer_full": true, "socket_errors": true, "late_responses": true,
+	"echo_waits": true, "echo_wait_timeouts": true,
+	"blockings": true, "blocked_time_ns": true, "blocked_sends": true,
+	"credits_granted_on_request": true, "credit_requests_sent": true,
+	"datagrams_sent": true, "datagrams_received": true, "send_calls": true, "recv_calls": true,
+	"bundles_sent": true, "bundle_msgs_sent": true,
+}
+
+// addStats adds ch's counters named in reportedStats to stats, keyed
+// PROTOCOL.counter.
+func addStats(stats map[string]int64, ch *stack.Channel) {
+	for _, ps := range ch.Stats() {
+		for _, s := range ps.Stats {
+			if reportedStats[s.Name] {
+				stats[ps.Protocol+"."+s.Name] += s.Value
 			}
 		}
 	}
-	return res, nil
 }
 
 func waitView(ctx context.Context, ms []*perfMember) error {

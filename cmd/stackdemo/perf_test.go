@@ -30,6 +30,7 @@ func TestPerfDefaultRunsWithoutLoss(t *testing.T) {
 			case "multicast":
 				// Each of 3 members gets every member's 2000, its own included.
 				require.EqualValues(t, 3*3*2000, r.TotalMsgs)
+				require.Contains(t, r.Stats, "MFC.blocked_time_ns", "flow control's waits are reported")
 			case "unicast":
 				require.EqualValues(t, 3*2000, r.TotalMsgs)
 			case "rpc":
@@ -102,6 +103,10 @@ func TestPerfJoinAcrossProcesses(t *testing.T) {
 				}
 				require.Equal(t, want, r.TotalMsgs, "process %d received everything meant for it", i)
 				require.Equal(t, 500, r.Warmup)
+				// A member process reports the same counters as a run in one
+				// process: flow control's waits and the transport's calls.
+				require.Contains(t, r.Stats, "MFC.blocked_time_ns")
+				require.Positive(t, r.Stats["UDP.datagrams_sent"], "process %d", i)
 				seen[r.PerMember[0].Member] = true
 			}
 			require.Len(t, seen, 3, "each process was a different member")

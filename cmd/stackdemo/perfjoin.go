@@ -173,14 +173,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	}
 	res.PerMember, res.TotalMsgs = []memberResult{mr}, got
 	res.MsgsPerS, res.MBPerS = mr.MsgsPerS, mr.MBPerS
-	for _, ps := range ch.Stats() {
-		for _, st := range ps.Stats {
-			switch st.Name {
-			case "retransmissions", "xmit_reqs_sent", "dropped_queue_full", "socket_errors", "blocked_ms", "dropped_queue_full_regular", "dropped_buffer_full", "echo_waits", "echo_wait_timeouts":
-				res.Stats[ps.Protocol+"."+st.Name] += st.Value
-			}
-		}
-	}
+	addStats(res.Stats, ch)
 	// Stay until every member is done, so nobody's retransmissions are cut
 	// short by an early leave.
 	_ = ch.Send(ctx, stack.NewMessage(stack.Address{}, control(kindDone, pm.idx, 1)))
