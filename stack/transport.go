@@ -45,6 +45,14 @@ type ReceiveBufferSizer interface {
 	ReceiveBuffer(group bool) int
 }
 
+// OwnMulticastReceiver is implemented by a transport whose group receive
+// buffer may also hold the member's own multicasts (multicast loopback
+// with no filter that drops them before the buffer). Flow control then
+// counts the member among the senders that fill that buffer.
+type OwnMulticastReceiver interface {
+	ReceivesOwnMulticasts() bool
+}
+
 // Authenticated reports whether the stack has a SourceAuthenticator, so its
 // transport must learn addresses only from what that layer accepted.
 func (s *Stack) Authenticated() bool {

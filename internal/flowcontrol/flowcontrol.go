@@ -10,9 +10,11 @@
 // Unlike JGroups, max_credits is an upper bound: over a transport whose
 // receive buffer is bounded (stack.ReceiveBufferSizer: UDP's sockets), a
 // sender gets at most its share of that buffer, the buffer divided by the
-// members of the view (counting at most fitMembers), since all of them may
-// send into it at once. Credits that overflow the buffer are not a brake:
-// the kernel drops, and NAKACK and UNICAST2 retransmit.
+// other members of the view (counting at most fitMembers), since all of
+// them may send into it at once; for MFC the member itself too when its
+// own multicasts reach its buffer (stack.OwnMulticastReceiver). Credits
+// that overflow the buffer are not a brake: the kernel drops, and NAKACK
+// and UNICAST2 retransmit.
 package flowcontrol
 
 import (
@@ -32,10 +34,10 @@ type Config struct {
 	MinThreshold float64       `toml:"min_threshold" doc:"fraction of max_credits a receiver processes from a sender before it returns them"`
 	MaxBlockTime time.Duration `toml:"max_block_time" doc:"how long a sender without credits waits before it asks its receivers for them (and again every max_block_time)"`
 	StallTime    time.Duration `toml:"stall_threshold" doc:"a sender blocked this long is a stall: logged once (Warn, with the members whose credits it waits for) and counted in stalls; checked every max_block_time; 0: off"`
-	FitBuffer    bool          `toml:"fit_receive_buffer" doc:"with a transport whose receive buffer is bounded (UDP), give each sender at most its share of that buffer as granted by the kernel: buffer / members, counting at most 8 members, so that senders within their credits never overflow it"`
+	FitBuffer    bool          `toml:"fit_receive_buffer" doc:"with a transport whose receive buffer is bounded (UDP), give each sender at most its share of that buffer as granted by the kernel: buffer / the members that send into it (the others, and for MFC the member itself when its own multicasts reach its buffer), counting at most 8, so that senders within their credits never overflow it"`
 }
 
-// fitMembers is the most members fit_receive_buffer divides a receive
+// fitMembers is the most senders fit_receive_buffer divides a receive
 // buffer among: in a larger group not all members send at full speed at
 // once, and smaller shares would throttle one sender.
 const fitMembers = 8
@@ -125,6 +127,7 @@ type FlowControl struct {
 	waiting  int   // senders blocked for credits right now
 	recalled bool  // a layer above closed its gate: senders do not wait here (EvRecallSenders)
 	rcvbuf   int64 // the transport's receive buffer for what this layer controls (0: not bounded or not known)
+	ownIn    bool  // MFC: this member's own multicasts reach that buffer too
 	max      int64 // max_credits in this view: at most the share of rcvbuf (fit_receive_buffer)
 
 	blockings    atomic.Int64 `stat:"blockings"`
@@ -164,10 +167,14 @@ func (f *FlowControl) Init() error { return f.cfg.Validate() }
 // receive buffer (fit_receive_buffer).
 func (f *FlowControl) Start() error {
 	var rcvbuf int64
+	var ownIn bool
 	if f.cfg.FitBuffer {
 		for _, p := range f.Stack().Protocols() { // bottom first: the transport
 			if rb, ok := p.(stack.ReceiveBufferSizer); ok {
 				rcvbuf = int64(rb.ReceiveBuffer(f.mcast))
+				if or, ok := p.(stack.OwnMulticastReceiver); ok && f.mcast {
+					ownIn = or.ReceivesOwnMulticasts()
+				}
 				break
 			}
 		}
@@ -177,19 +184,26 @@ func (f *FlowControl) Start() error {
 	clear(f.credits)
 	f.spent, f.leastOK = 0, false
 	clear(f.recv)
-	f.rcvbuf, f.max = rcvbuf, int64(f.cfg.MaxCredits)
+	f.rcvbuf, f.ownIn, f.max = rcvbuf, ownIn, int64(f.cfg.MaxCredits)
 	f.mu.Unlock()
 	return nil
 }
 
 // maxFor returns max_credits for a view of n members: with a known receive
-// buffer, at most its share, the buffer divided by n (at most fitMembers),
-// since every member may send into it at once (for MFC a member's own
-// multicasts too: they come back to its socket).
+// buffer, at most its share, the buffer divided by the members that may
+// send into it at once (at most fitMembers): the n-1 others, and for MFC
+// this member too if its own multicasts come back to its socket. A member
+// never sends its unicasts through its own socket, and UDP's filter drops
+// its own multicasts before they are queued, so two members get the whole
+// buffer each, not half (mc2x1: +4-9%, no retransmissions).
 func (f *FlowControl) maxFor(n int) int64 {
 	m := int64(f.cfg.MaxCredits)
 	if f.rcvbuf > 0 {
-		m = min(m, max(f.rcvbuf/int64(min(max(n, 1), fitMembers)), 1))
+		senders := n - 1
+		if f.ownIn {
+			senders = n
+		}
+		m = min(m, max(f.rcvbuf/int64(min(max(senders, 1), fitMembers)), 1))
 	}
 	return m
 }

@@ -118,41 +118,54 @@ func TestCreditsAreSpentAtEveryMemberExactly(t *testing.T) {
 }
 
 // bufferLayer stands in for a transport whose receive buffer is bounded
-// (UDP's socket): it reports rcvbuf bytes to flow control.
+// (UDP's socket): it reports rcvbuf bytes to flow control, and whether the
+// member's own multicasts come back into it (own).
 type bufferLayer struct {
 	stack.Base
 	rcvbuf int
+	own    bool
 }
 
-func (*bufferLayer) Name() string             { return "BUFFER" }
-func (l *bufferLayer) ReceiveBuffer(bool) int { return l.rcvbuf }
-func (*bufferLayer) String() string           { return "BUFFER" }
+func (*bufferLayer) Name() string                  { return "BUFFER" }
+func (l *bufferLayer) ReceiveBuffer(bool) int      { return l.rcvbuf }
+func (l *bufferLayer) ReceivesOwnMulticasts() bool { return l.own }
+func (*bufferLayer) String() string                { return "BUFFER" }
 
-var _ stack.ReceiveBufferSizer = (*bufferLayer)(nil)
+var (
+	_ stack.ReceiveBufferSizer   = (*bufferLayer)(nil)
+	_ stack.OwnMulticastReceiver = (*bufferLayer)(nil)
+)
 
 // TestCreditsFitTheReceiveBuffer: with a receive buffer of 400,000 bytes
-// and 4 members (every one of which may send into it at once), each sender
-// gets 100,000 bytes of credits per receiver, not max_credits; a view of 2
-// members gives each 200,000, and what is outstanding still counts. With
-// fit_receive_buffer off, max_credits stands.
+// and 4 members, each sender gets its share of it per receiver, not
+// max_credits: the buffer divided by the 3 others that may send into it at
+// once (133,333), or by all 4 when a member's own multicasts come back
+// into its buffer too (100,000). A view of 2 members gives each the whole
+// buffer (one other sender), or half with its own multicasts, and what is
+// outstanding still counts. With fit_receive_buffer off, max_credits
+// stands.
 func TestCreditsFitTheReceiveBuffer(t *testing.T) {
-	for _, fit := range []bool{true, false} {
-		t.Run(fmt.Sprintf("fit=%v", fit), func(t *testing.T) {
+	for _, tc := range []struct {
+		fit, own  bool
+		four, two int64
+	}{
+		{fit: true, four: 133_333, two: 400_000},
+		{fit: true, own: true, four: 100_000, two: 200_000},
+		{fit: false, four: 4_000_000, two: 4_000_000},
+	} {
+		t.Run(fmt.Sprintf("fit=%v,own=%v", tc.fit, tc.own), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cfg := mfc.DefaultConfig()
 				cfg.MaxCredits = 4_000_000
 				cfg.MaxBlockTime = time.Minute
-				cfg.FitBuffer = fit
+				cfg.FitBuffer = tc.fit
 				fcs := make([]*mfc.MFC, 4)
 				c := stacktest.StartSIM(t, 4, 1, func(i int) []stack.Protocol {
 					fcs[i] = mfc.New(cfg)
-					return []stack.Protocol{&bufferLayer{rcvbuf: 400_000}, nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
+					return []stack.Protocol{&bufferLayer{rcvbuf: 400_000, own: tc.own}, nakack.New(nakack.DefaultConfig()), unicast2.New(unicast2.DefaultConfig()), fcs[i]}
 				})
 				a, b := c.Channels[0], c.Channels[1]
-				share := int64(100_000)
-				if !fit {
-					share = 4_000_000
-				}
+				share := tc.four
 				for _, cr := range fcs[0].Credits() {
 					require.Equal(t, share, cr)
 				}
@@ -167,9 +180,7 @@ func TestCreditsFitTheReceiveBuffer(t *testing.T) {
 				synctest.Wait()
 				require.Equal(t, share-1000, fcs[0].Credits()[b.Address()], "B holds 1000 bytes")
 				stacktest.InjectView(t, stack.NewView(a.Address(), 5, a.Address(), b.Address()), a, b)
-				if fit {
-					share = 200_000
-				}
+				share = tc.two
 				require.Equal(t, map[stack.Address]int64{b.Address(): share - 1000}, fcs[0].Credits(), "B's share grew, and it still holds 1000 bytes")
 			})
 		})

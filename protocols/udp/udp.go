@@ -80,9 +80,10 @@ type UDP struct {
 }
 
 var (
-	_ stack.Transport          = (*UDP)(nil)
-	_ stack.AddressLearner     = (*UDP)(nil)
-	_ stack.ReceiveBufferSizer = (*UDP)(nil)
+	_ stack.Transport            = (*UDP)(nil)
+	_ stack.AddressLearner       = (*UDP)(nil)
+	_ stack.ReceiveBufferSizer   = (*UDP)(nil)
+	_ stack.OwnMulticastReceiver = (*UDP)(nil)
 )
 
 // New returns a UDP transport with cfg.
@@ -380,6 +381,13 @@ func (u *UDP) echoLimit() int64 {
 		return 0
 	}
 	return buf / int64(min(max(len(v.Members), 1), 8))
+}
+
+// ReceivesOwnMulticasts reports whether this member's own multicasts come
+// back to its multicast socket's buffer: IP multicast with loopback and no
+// filter attached to drop them (stack.OwnMulticastReceiver).
+func (u *UDP) ReceivesOwnMulticasts() bool {
+	return u.cfg.IPMcast && u.cfg.McastLoop && !u.ownFiltered.Load()
 }
 
 // LearnAddress records that src is at from: the authenticating layer

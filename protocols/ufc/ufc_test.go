@@ -284,8 +284,9 @@ func (*unicastBuffer) ReceiveBuffer(group bool) int {
 var _ stack.ReceiveBufferSizer = (*unicastBuffer)(nil)
 
 // TestUnicastCreditsFitTheUnicastReceiveBuffer: UFC takes its share of the
-// buffer that takes unicasts (300,000 bytes among 3 members), not of the
-// one for group messages.
+// buffer that takes unicasts (300,000 bytes among the 2 other members of 3:
+// a member's unicasts to itself never reach its socket), not of the one
+// for group messages.
 func TestUnicastCreditsFitTheUnicastReceiveBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := ufc.DefaultConfig()
@@ -296,7 +297,7 @@ func TestUnicastCreditsFitTheUnicastReceiveBuffer(t *testing.T) {
 		})
 		require.Len(t, fcs[0].Credits(), 2)
 		for _, c := range fcs[0].Credits() {
-			require.Equal(t, int64(100_000), c)
+			require.Equal(t, int64(150_000), c)
 		}
 	})
 }
