@@ -81,7 +81,7 @@ count() {
     mc2x1) n=9000000 ;;
     mc2x1-join) n=7000000 ;;
     mc4x4) n=1500000 ;;
-    uc2) n=4000000 ;;
+    uc2) n=5000000 ;;
   esac
   python3 -c "print(max(1000, int($n * $scale)))"
 }
