@@ -19,7 +19,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -254,14 +253,6 @@ func (g *scaleGroup) coordinator() int {
 	return -1
 }
 
-// liveHeapBytes is the live heap after a full GC.
-func liveHeapBytes() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // runScale runs the suite at n members and returns its table row.
 func runScale(t *testing.T, n int) string {
 	const bound = 5 * time.Minute
@@ -283,7 +274,7 @@ func runScale(t *testing.T, n int) string {
 			_ = g.chs[i].Close()
 		}
 	}()
-	heap0 := liveHeapBytes()
+	heap0 := liveHeap()
 	burst := min(50, n/2)
 	ctx := context.Background()
 
@@ -329,7 +320,7 @@ func runScale(t *testing.T, n int) string {
 	burstTime := g.converge(start, bound, g.alive(), fmt.Sprintf("%d joining at once", burst))
 	burstCost := tr.since(s1).per(burst)
 	burstViews := g.chs[0].View().ID.Seq - v0
-	heap := (max(liveHeapBytes(), heap0) - heap0) / uint64(n)
+	heap := (max(liveHeap(), heap0) - heap0) / uint64(n)
 	if f := os.Getenv("STRATA_SCALE_HEAPPROFILE"); f != "" {
 		// The live heap of the whole group here, for go tool pprof.
 		out, err := os.Create(f)
