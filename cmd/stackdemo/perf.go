@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -27,22 +28,23 @@ import (
 
 // perfOptions are stackdemo perf's flags.
 type perfOptions struct {
-	config  string
-	members int
-	mode    string
-	size    int
-	count   int
-	senders int
-	oob     bool
-	json    bool
-	timeout time.Duration
-	join    bool
-	cluster string
-	name    string
-	cpuProf string
-	memProf string
-	diag    string // -diag host:port: member i serves its diagnostics on port+i
-	warmup  int    // -warmup N: an uncounted first round of N messages (calls) per sender
+	config    string
+	members   int
+	mode      string
+	size      int
+	count     int
+	senders   int
+	oob       bool
+	json      bool
+	timeout   time.Duration
+	join      bool
+	cluster   string
+	name      string
+	cpuProf   string
+	memProf   string
+	mutexProf string
+	diag      string // -diag host:port: member i serves its diagnostics on port+i
+	warmup    int    // -warmup N: an uncounted first round of N messages (calls) per sender
 }
 
 // Message kinds in the first byte of a perf payload.
@@ -340,6 +342,7 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.name, "name", "", "with -join: this member's name (default: host-pid)")
 	fl.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the run to FILE (go tool pprof)")
 	fl.StringVar(&o.memProf, "memprofile", "", "write an allocation profile, taken after the run, to FILE")
+	fl.StringVar(&o.mutexProf, "mutexprofile", "", "write a profile of lock contention during the run (every contended Unlock) to FILE")
 	fl.IntVar(&o.warmup, "warmup", 0, "an uncounted first round of N messages (calls) per sender before the measured one, as bench/jgroups5's driver has (0: none)")
 	fl.StringVar(&o.diag, "diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, member i on port+i (port 0: free ports), for stackdemo probe")
 	if err := fl.Parse(args); err != nil {
@@ -402,10 +405,14 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// startProfiles starts the CPU profile of -cpuprofile; the function it
-// returns stops it and writes the allocation profile of -memprofile.
+// startProfiles starts the CPU profile of -cpuprofile and the contention
+// profile of -mutexprofile; the function it returns stops them and writes
+// those and the allocation profile of -memprofile.
 func startProfiles(o perfOptions) (func() error, error) {
 	var cpu *os.File
+	if o.mutexProf != "" {
+		runtime.SetMutexProfileFraction(1)
+	}
 	if o.cpuProf != "" {
 		f, err := os.Create(o.cpuProf)
 		if err != nil {
@@ -423,15 +430,28 @@ func startProfiles(o perfOptions) (func() error, error) {
 			pprof.StopCPUProfile()
 			errs = append(errs, cpu.Close())
 		}
-		if o.memProf != "" {
-			f, err := os.Create(o.memProf)
-			if err != nil {
-				return errors.Join(append(errs, fmt.Errorf("-memprofile: %w", err))...)
-			}
-			errs = append(errs, pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
+		errs = append(errs, writeProfile("allocs", o.memProf, "-memprofile"), writeProfile("mutex", o.mutexProf, "-mutexprofile"))
+		if o.mutexProf != "" {
+			runtime.SetMutexProfileFraction(0)
 		}
 		return errors.Join(errs...)
 	}, nil
+}
+
+// writeProfile writes the runtime profile name to file, unless file is ""
+// (the flag was not given); errors name the flag.
+func writeProfile(name, file, flag string) error {
+	if file == "" {
+		return nil
+	}
+	f, err := os.Create(file)
+	if err == nil {
+		err = errors.Join(pprof.Lookup(name).WriteTo(f, 0), f.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", flag, err)
+	}
+	return nil
 }
 
 // perfVars keeps the run on this host and away from other programs: a

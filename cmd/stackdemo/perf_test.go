@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -197,4 +199,27 @@ func TestPerfWarmupIsNotCounted(t *testing.T) {
 	code, out, errOut := runCmd("perf", "-members", "2", "-count", "100", "-warmup", "50")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "(after a warm-up of 50)")
+}
+
+// TestPerfWritesProfiles: -cpuprofile, -memprofile and -mutexprofile each
+// write a pprof file of its kind (gzipped, its sample types named in it).
+func TestPerfWritesProfiles(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{"-cpuprofile": "cpu", "-memprofile": "alloc_space", "-mutexprofile": "contentions"}
+	args := []string{"perf", "-members", "2", "-count", "2000"}
+	for flag := range files {
+		args = append(args, flag, filepath.Join(dir, flag[1:]))
+	}
+	code, _, errOut := runCmd(args...)
+	require.Equal(t, 0, code, errOut)
+	for flag, sampleType := range files {
+		f, err := os.Open(filepath.Join(dir, flag[1:]))
+		require.NoError(t, err, flag)
+		zr, err := gzip.NewReader(f)
+		require.NoError(t, err, flag)
+		b, err := io.ReadAll(zr)
+		require.NoError(t, err, flag)
+		require.NoError(t, f.Close())
+		require.Contains(t, string(b), sampleType, "%s writes a profile with sample type %s", flag, sampleType)
+	}
 }
