@@ -74,8 +74,6 @@ type TransportBase struct {
 
 // TransportCounters are the statistics every transport keeps.
 type TransportCounters struct {
-	MsgsSent         atomic.Int64 `stat:"msgs_sent"`
-	MsgsReceived     atomic.Int64 `stat:"msgs_received"`
 	BundlesReceived  atomic.Int64 `stat:"bundles_received"`
 	Loopbacks        atomic.Int64 `stat:"loopbacks"`
 	DroppedMalformed atomic.Int64 `stat:"dropped_malformed"`
@@ -84,7 +82,9 @@ type TransportCounters struct {
 	DroppedOwn       atomic.Int64 `stat:"dropped_own_multicast"`
 	DroppedNotForUs  atomic.Int64 `stat:"dropped_not_for_us"`
 
-	// Per lane (index: Lane): messages and payload bytes.
+	// Per lane (index: Lane): messages and payload bytes. Stats reports
+	// msgs_sent and msgs_received as their sums: a total of its own was
+	// two more atomic additions per multicast sent and looped back.
 	LaneMsgsSent  [numLanes]atomic.Int64
 	LaneBytesSent [numLanes]atomic.Int64
 	LaneMsgsRecv  [numLanes]atomic.Int64
@@ -113,7 +113,12 @@ func (t *TransportBase) Counters() *TransportCounters { return &t.counters }
 // Stats reports the shared transport counters.
 func (t *TransportBase) Stats() []Stat {
 	c := &t.counters
-	out := CounterStats(c)
+	var sent, recv int64
+	for l := range numLanes {
+		sent += c.LaneMsgsSent[l].Load()
+		recv += c.LaneMsgsRecv[l].Load()
+	}
+	out := append([]Stat{{Name: "msgs_sent", Value: sent, Counter: true}, {Name: "msgs_received", Value: recv, Counter: true}}, CounterStats(c)...)
 	if t.st != nil { // in a stack
 		out = append(out, Stat{Name: "queued_bytes_peak", Value: t.st.lanes.peak.Load()})
 		for l := range numLanes {
@@ -140,7 +145,6 @@ func (t *TransportBase) PrepareSend(m *Message) bool {
 	if m.Src.IsZero() {
 		m.Src = local
 	}
-	t.counters.MsgsSent.Add(1)
 	l := m.Lane()
 	t.counters.LaneMsgsSent[l].Add(1)
 	t.counters.LaneBytesSent[l].Add(int64(len(m.Payload)))
@@ -182,7 +186,6 @@ func (t *TransportBase) Deliver(bt *Batch) {
 
 // count adds msgs messages of n payload bytes received on lane.
 func (t *TransportBase) count(lane Lane, msgs int, n int64) {
-	t.counters.MsgsReceived.Add(int64(msgs))
 	t.counters.LaneMsgsRecv[lane].Add(int64(msgs))
 	t.counters.LaneBytesRecv[lane].Add(n)
 }

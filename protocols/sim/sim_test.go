@@ -263,3 +263,42 @@ func lens(c *stacktest.Cluster) []int {
 	}
 	return out
 }
+
+// TestTransportTotalsAreTheSumsOfItsLanes: a transport's msgs_sent and
+// msgs_received count every lane (they are reported as the sums of the
+// per-lane counters), looped-back multicasts included on the sender.
+func TestTransportTotalsAreTheSumsOfItsLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := stacktest.StartSIM(t, 2, stacktest.Seed(t), nil)
+		a, b := c.Channels[0], c.Channels[1]
+		for i := range 5 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(stack.Address{}, stacktest.Payload(0, i, 8))))
+		}
+		for i := range 3 {
+			require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), stacktest.Payload(0, 5+i, 8)).Set(stack.OOB)))
+		}
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == 8 }, "B received all 8")
+		sim := func(ch *stack.Channel) map[string]int64 {
+			for _, ps := range ch.Stats() {
+				if ps.Protocol == "SIM" {
+					m := map[string]int64{}
+					for _, s := range ps.Stats {
+						m[s.Name] = s.Value
+					}
+					return m
+				}
+			}
+			t.Fatal("no SIM layer")
+			return nil
+		}
+		sa, sb := sim(a), sim(b)
+		require.EqualValues(t, 5, sa["msgs_sent_regular"])
+		require.EqualValues(t, 3, sa["msgs_sent_oob"])
+		require.EqualValues(t, 8+sa["msgs_sent_internal"], sa["msgs_sent"])
+		require.EqualValues(t, 5, sa["msgs_received_regular"], "A's own multicasts, looped back")
+		require.EqualValues(t, 5+sa["msgs_received_oob"]+sa["msgs_received_internal"], sa["msgs_received"])
+		require.EqualValues(t, 5, sb["msgs_received_regular"])
+		require.EqualValues(t, 3, sb["msgs_received_oob"])
+		require.EqualValues(t, 8+sb["msgs_received_internal"], sb["msgs_received"])
+	})
+}
