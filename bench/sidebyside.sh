@@ -23,7 +23,8 @@
 # JGROUPS="5 2.12" (the default) runs JGroups 5.5.6 from
 # ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to override; used from
 # there, never copied here) and Debian's JGroups 2.12 (libjgroups-java)
-# through bench/jgroups212. STACK=tcp runs configs/tcp.toml against JGroups
+# through bench/jgroups212; one that is not installed is left out, with a
+# WARNING line in the output (before, its runs printed 0). STACK=tcp runs configs/tcp.toml against JGroups
 # 5's stock tcp.xml instead of configs/udp.toml against udp.xml (JGroups 5
 # only).
 #
@@ -66,6 +67,18 @@ if python3 -c "import sys; sys.exit(0 if $load0 > 0.5 else 1)"; then
   fi
   echo "# WARNING: started at load $load0 (above 0.5, LOAD_OK=1): these figures are not quiet-machine figures"
 fi
+# A JGroups that is not installed would print 0 in every run: leave it out,
+# and say so where the figures are.
+missing=()
+have=()
+for impl in $impls; do
+  case $impl in
+    2.12) [ -f "${JGROUPS212_JAR:-/usr/share/java/jgroups.jar}" ] && have+=("$impl") || missing+=("JGroups 2.12 (apt-get install libjgroups-java)") ;;
+    5) [ -x "$jg5" ] && have+=("$impl") || missing+=("JGroups 5.5.6 ($jg5 not found)") ;;
+    *) echo "sidebyside.sh: JGROUPS: unknown version $impl (5 or 2.12)" >&2; exit 2 ;;
+  esac
+done
+impls=${have[*]-}
 runs=${RUNS:-5}
 shapes=${SHAPES:-mc2x1 mc2x1-join mc4x4 uc2}
 tmp=$(mktemp -d)
@@ -193,6 +206,7 @@ rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then rev="$rev+dirty"; fi
 echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0"
 echo "# strata's heap: $heapdesc"
+for m in "${missing[@]}"; do echo "# WARNING: not installed, left out: $m"; done
 echo "# $runs interleaved runs per shape; each run: a warm-up round, then the measured round (counts x$scale); msgs/s received"
 [ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"
 printf '%-11s %10s' shape strata
