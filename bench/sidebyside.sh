@@ -24,9 +24,9 @@
 # ../shared/bench/jgroups5/run.sh (JGROUPS5_RUN to override; used from
 # there, never copied here) and Debian's JGroups 2.12 (libjgroups-java)
 # through bench/jgroups212; one that is not installed is left out, with a
-# WARNING line in the output (before, its runs printed 0). STACK=tcp runs configs/tcp.toml against JGroups
-# 5's stock tcp.xml instead of configs/udp.toml against udp.xml (JGroups 5
-# only).
+# WARNING line in the output (before, its runs printed 0). STACK=tcp
+# runs configs/tcp.toml against JGroups 5's stock tcp.xml instead of
+# configs/udp.toml against udp.xml (JGroups 5 only).
 #
 # Only a quiet machine gives figures worth keeping: JGroups slows down under
 # load more than strata does, so loaded figures flatter strata. The script
