@@ -113,12 +113,7 @@ func (t *TransportBase) Counters() *TransportCounters { return &t.counters }
 // Stats reports the shared transport counters.
 func (t *TransportBase) Stats() []Stat {
 	c := &t.counters
-	var sent, recv int64
-	for l := range numLanes {
-		sent += c.LaneMsgsSent[l].Load()
-		recv += c.LaneMsgsRecv[l].Load()
-	}
-	out := append([]Stat{{Name: "msgs_sent", Value: sent, Counter: true}, {Name: "msgs_received", Value: recv, Counter: true}}, CounterStats(c)...)
+	out := append([]Stat{{Name: "msgs_sent", Counter: true}, {Name: "msgs_received", Counter: true}}, CounterStats(c)...)
 	if t.st != nil { // in a stack
 		out = append(out, Stat{Name: "queued_bytes_peak", Value: t.st.lanes.peak.Load()})
 		for l := range numLanes {
@@ -127,10 +122,13 @@ func (t *TransportBase) Stats() []Stat {
 	}
 	for l := range numLanes {
 		name := Lane(l).String()
+		sent, recv := c.LaneMsgsSent[l].Load(), c.LaneMsgsRecv[l].Load()
+		out[0].Value += sent // loaded once, so the totals are the sums of the lanes reported
+		out[1].Value += recv
 		out = append(out,
-			Stat{Name: "msgs_sent_" + name, Value: c.LaneMsgsSent[l].Load(), Counter: true},
+			Stat{Name: "msgs_sent_" + name, Value: sent, Counter: true},
 			Stat{Name: "bytes_sent_" + name, Value: c.LaneBytesSent[l].Load(), Counter: true},
-			Stat{Name: "msgs_received_" + name, Value: c.LaneMsgsRecv[l].Load(), Counter: true},
+			Stat{Name: "msgs_received_" + name, Value: recv, Counter: true},
 			Stat{Name: "bytes_received_" + name, Value: c.LaneBytesRecv[l].Load(), Counter: true})
 	}
 	return out

@@ -410,9 +410,6 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 // those and the allocation profile of -memprofile.
 func startProfiles(o perfOptions) (func() error, error) {
 	var cpu *os.File
-	if o.mutexProf != "" {
-		runtime.SetMutexProfileFraction(1)
-	}
 	if o.cpuProf != "" {
 		f, err := os.Create(o.cpuProf)
 		if err != nil {
@@ -424,6 +421,10 @@ func startProfiles(o perfOptions) (func() error, error) {
 		}
 		cpu = f
 	}
+	rate := -1 // the mutex profile's sampling rate before the run, when -mutexprofile changes it
+	if o.mutexProf != "" {
+		rate = runtime.SetMutexProfileFraction(1)
+	}
 	return func() error {
 		var errs []error
 		if cpu != nil {
@@ -431,8 +432,8 @@ func startProfiles(o perfOptions) (func() error, error) {
 			errs = append(errs, cpu.Close())
 		}
 		errs = append(errs, writeProfile("allocs", o.memProf, "-memprofile"), writeProfile("mutex", o.mutexProf, "-mutexprofile"))
-		if o.mutexProf != "" {
-			runtime.SetMutexProfileFraction(0)
+		if rate >= 0 {
+			runtime.SetMutexProfileFraction(rate)
 		}
 		return errors.Join(errs...)
 	}, nil
@@ -597,7 +598,7 @@ var reportedStats = map[string]bool{
 	"dropped_queue_full": true, "dropped_queue_full_regular": true, "dropped_oversized": true,
 	"dropped_buffer_full": true, "socket_errors": true, "late_responses": true,
 	"echo_waits": true, "echo_wait_timeouts": true,
-	"blockings": true, "blocked_time_ns": true, "blocked_sends": true,
+	"blockings": true, "blocked_time_ns": true, "blocked_sends": true, "blocked_ms": true, // blocked_ms: GROUPFC's
 	"credits_granted_on_request": true, "credit_requests_sent": true,
 	"datagrams_sent": true, "datagrams_received": true, "send_calls": true, "recv_calls": true,
 	"bundles_sent": true, "bundle_msgs_sent": true,

@@ -195,7 +195,7 @@ func (f *FlowControl) Start() error {
 // this member too if its own multicasts come back to its socket. A member
 // never sends its unicasts through its own socket, and UDP's filter drops
 // its own multicasts before they are queued, so two members get the whole
-// buffer each, not half (mc2x1: +4-9%, no retransmissions).
+// buffer each, not half.
 func (f *FlowControl) maxFor(n int) int64 {
 	m := int64(f.cfg.MaxCredits)
 	if f.rcvbuf > 0 {

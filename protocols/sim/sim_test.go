@@ -266,7 +266,8 @@ func lens(c *stacktest.Cluster) []int {
 
 // TestTransportTotalsAreTheSumsOfItsLanes: a transport's msgs_sent and
 // msgs_received count every lane (they are reported as the sums of the
-// per-lane counters), looped-back multicasts included on the sender.
+// per-lane counters: 5 regular multicasts, 3 OOB unicasts and an internal
+// one here), looped-back multicasts included on the sender.
 func TestTransportTotalsAreTheSumsOfItsLanes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := stacktest.StartSIM(t, 2, stacktest.Seed(t), nil)
@@ -277,7 +278,8 @@ func TestTransportTotalsAreTheSumsOfItsLanes(t *testing.T) {
 		for i := range 3 {
 			require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), stacktest.Payload(0, 5+i, 8)).Set(stack.OOB)))
 		}
-		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == 8 }, "B received all 8")
+		require.NoError(t, a.Send(t.Context(), stack.NewMessage(b.Address(), stacktest.Payload(0, 8, 8)).Set(stack.Internal)))
+		stacktest.WaitFor(t, time.Minute, func() bool { return c.Recv[1].Len() == 9 }, "B received all 9")
 		sim := func(ch *stack.Channel) map[string]int64 {
 			for _, ps := range ch.Stats() {
 				if ps.Protocol == "SIM" {
@@ -294,11 +296,13 @@ func TestTransportTotalsAreTheSumsOfItsLanes(t *testing.T) {
 		sa, sb := sim(a), sim(b)
 		require.EqualValues(t, 5, sa["msgs_sent_regular"])
 		require.EqualValues(t, 3, sa["msgs_sent_oob"])
+		require.Positive(t, sa["msgs_sent_internal"])
 		require.EqualValues(t, 8+sa["msgs_sent_internal"], sa["msgs_sent"])
 		require.EqualValues(t, 5, sa["msgs_received_regular"], "A's own multicasts, looped back")
 		require.EqualValues(t, 5+sa["msgs_received_oob"]+sa["msgs_received_internal"], sa["msgs_received"])
 		require.EqualValues(t, 5, sb["msgs_received_regular"])
 		require.EqualValues(t, 3, sb["msgs_received_oob"])
+		require.Positive(t, sb["msgs_received_internal"])
 		require.EqualValues(t, 8+sb["msgs_received_internal"], sb["msgs_received"])
 	})
 }

@@ -269,8 +269,11 @@ func (l *logBuffer) Lines(s string) []string {
 
 // unicastBuffer stands in for a transport whose unicast receive buffer is
 // bounded: it reports 300,000 bytes for unicasts and 0 (not known) for
-// group messages.
+// group messages. Its own multicasts reach its buffer, which must not
+// change UFC's share: a member's unicasts to itself never do.
 type unicastBuffer struct{ stack.Base }
+
+func (*unicastBuffer) ReceivesOwnMulticasts() bool { return true }
 
 func (*unicastBuffer) Name() string { return "UBUFFER" }
 
@@ -281,7 +284,10 @@ func (*unicastBuffer) ReceiveBuffer(group bool) int {
 	return 300_000
 }
 
-var _ stack.ReceiveBufferSizer = (*unicastBuffer)(nil)
+var (
+	_ stack.ReceiveBufferSizer   = (*unicastBuffer)(nil)
+	_ stack.OwnMulticastReceiver = (*unicastBuffer)(nil)
+)
 
 // TestUnicastCreditsFitTheUnicastReceiveBuffer: UFC takes its share of the
 // buffer that takes unicasts (300,000 bytes among the 2 other members of 3:
