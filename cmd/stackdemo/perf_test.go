@@ -51,6 +51,7 @@ func TestPerfAnycastNeedsGroupFCAndRunsWithIt(t *testing.T) {
 	code, out, errOut := runCmd("perf", "-config", filepath.Join("..", "..", "configs", "groupfc.toml"), "-members", "3", "-mode", "anycast", "-count", "1000")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "no loss")
+	require.Contains(t, out, "GROUPFC.blocked_ms", "GROUPFC's waits are reported")
 }
 
 // TestPerfFailsLoudlyOnLoss: a stack without reliability under 30% loss
