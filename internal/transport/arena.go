@@ -94,7 +94,8 @@ func trimIdle() {
 	idleTicks.Add(1)
 }
 
-// newChunk returns a recycled chunk if there is one, or a new one. The
+// newChunk returns a recycled chunk if there is one, or a new one, not
+// cleared (newDirtyChunk): a recycled chunk is not cleared either. The
 // first armedPerCycle chunks of a collection cycle get the finalizer that
 // recycles them; the rest, recycled or new, are the collector's to free.
 func newChunk() *recvChunk {
@@ -114,7 +115,7 @@ func newChunk() *recvChunk {
 		c, _ = spareChunk.Get().(*recvChunk)
 	}
 	if c == nil {
-		c = new(recvChunk)
+		c = newDirtyChunk()
 		chunksMade.Add(1)
 	}
 	if arm {
@@ -132,9 +133,10 @@ func newChunk() *recvChunk {
 // found that nothing refers into it (a finalizer puts it back for reuse).
 // So a layer may keep what it received as long as it likes (NAKACK until
 // stable, UNICAST2 and FRAG until complete, the application) without
-// counting references or copying, and recycled chunks cost neither
-// clearing nor fresh pages from the kernel (up to armedPerCycle chunks
-// are recycled a collection cycle; the others are freed by the collector).
+// counting references or copying. No chunk is cleared (a reader sees only
+// the bytes a read wrote), and recycled chunks cost no fresh pages from
+// the kernel either (up to armedPerCycle chunks are recycled a collection
+// cycle; the others are freed by the collector).
 // What a layer keeps pins its whole chunk.
 //
 // What is not kept costs no space: a datagram the transport dropped
