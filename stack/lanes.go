@@ -77,7 +77,8 @@ type senderKey struct {
 type senderQueue struct {
 	running bool
 	pending []*Message
-	bytes   int64 // queueCost of pending
+	bytes   int64        // queueCost of pending
+	sum     batchSummary // of pending, made as they are queued: the batch's summary once drained
 	spare   []*Message
 	batch   Batch
 }
@@ -212,6 +213,7 @@ func (l *lanes) enqueue(src, dest Address, msgs []*Message, one *Message, own bo
 			return
 		}
 		q.bytes += c
+		q.sum.add(m)
 		q.pending = append(q.pending, m)
 	}
 	for _, m := range msgs {
@@ -248,7 +250,7 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 			l.mu.Lock()
 			q.running = false
 			clear(q.pending)
-			q.pending, q.bytes = q.pending[:0], 0
+			q.pending, q.bytes, q.sum = q.pending[:0], 0, batchSummary{}
 			l.mu.Unlock()
 		}
 	}()
@@ -264,11 +266,12 @@ func (l *lanes) drain(k senderKey, q *senderQueue) {
 			l.mu.Unlock()
 			return
 		}
-		msgs := q.pending
-		q.pending, q.bytes = q.spare[:0], 0
+		msgs, sum := q.pending, q.sum
+		q.pending, q.bytes, q.sum = q.spare[:0], 0, batchSummary{}
 		l.mu.Unlock()
 
-		q.batch.Msgs = msgs
+		sum.slot, sum.n = &msgs[0], len(msgs)
+		q.batch.Msgs, q.batch.sum = msgs, sum
 		l.up(&q.batch)
 		clear(msgs)
 		q.spare = msgs[:0]

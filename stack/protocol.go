@@ -85,20 +85,21 @@ type link struct{ p Protocol }
 // forwards every message and event by default, owns the layer's goroutines
 // and gives access to the stack (local address, cluster, logger).
 type Base struct {
-	self   Protocol
-	id     uint16
-	st     *Stack
-	up     atomic.Pointer[link]
-	down   atomic.Pointer[link]
-	log    *slog.Logger
-	view   atomic.Pointer[View] // see View
-	gmu    sync.Mutex
-	done   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	stopd  bool
-	built  *builtFrom // the registered type and config it was built from
+	self      Protocol
+	preserves bool // self is a BatchPreserver or a Transport: see PassUpBatch
+	id        uint16
+	st        *Stack
+	up        atomic.Pointer[link]
+	down      atomic.Pointer[link]
+	log       *slog.Logger
+	view      atomic.Pointer[View] // see View
+	gmu       sync.Mutex
+	done      chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	stopd     bool
+	built     *builtFrom // the registered type and config it was built from
 }
 
 // builtFrom records the registered type and the config a layer was built
@@ -160,13 +161,16 @@ func (b *Base) UpBatch(bt *Batch) {
 	if b.id == 0 || b.self == nil || !b.anyMine(bt) {
 		// The common case, per layer and batch: nothing of this layer's,
 		// so no closures and no split.
-		b.PassUpBatch(bt)
+		b.passUpBatch(bt)
 		return
 	}
 	b.UpBatchInOrder(bt, func(m *Message) bool { return m.Header(b.id) != nil }, b.self.Up)
 }
 
 func (b *Base) anyMine(bt *Batch) bool {
+	if !bt.MayHave(b.id) {
+		return false
+	}
 	for _, m := range bt.Msgs {
 		if m.Header(b.id) != nil {
 			return true
@@ -189,18 +193,18 @@ func (b *Base) UpBatchInOrder(bt *Batch, mine func(*Message) bool, handle func(*
 		if i > start {
 			// Capped: a layer above that appends to its batch must not
 			// write over the messages this loop has not reached.
-			b.PassUpBatch(&Batch{Src: bt.Src, Dest: bt.Dest, Lane: bt.Lane, Msgs: msgs[start:i:i]})
+			b.passUpBatch(&Batch{Src: bt.Src, Dest: bt.Dest, Lane: bt.Lane, Msgs: msgs[start:i:i]})
 		}
 		handle(m)
 		start = i + 1
 	}
 	if start == 0 {
-		b.PassUpBatch(bt)
+		b.passUpBatch(bt)
 		return
 	}
 	if start < len(msgs) {
 		bt.Msgs = msgs[start:]
-		b.PassUpBatch(bt)
+		b.passUpBatch(bt)
 	}
 }
 
@@ -227,8 +231,31 @@ func (b *Base) PassUp(m *Message) {
 	}
 }
 
-// PassUpBatch sends bt to the layer above; empty batches stop here.
+// PassUpBatch sends bt to the layer above; empty batches stop here. After
+// a layer that is not a BatchPreserver, bt's summary (Batch.MayHave) is
+// made again above it.
 func (b *Base) PassUpBatch(bt *Batch) {
+	if !b.preserves {
+		bt.forget()
+	}
+	b.passUpBatch(bt)
+}
+
+// BatchPreserver is implemented by a protocol whose UpBatch passes up
+// only messages it was given, without adding headers to them (it may
+// remove messages with Batch.Keep, and remove headers): what a batch's
+// summary says (Batch.MayHave) then holds above the layer too, and the
+// layers above skip batches without their headers without reading them.
+// Without it, the summary is made again above the layer (one more read of
+// every message). Transports, and layers that do not override UpBatch, need
+// not implement it.
+type BatchPreserver interface {
+	Protocol
+	// PreservesBatches marks the protocol; it does nothing.
+	PreservesBatches()
+}
+
+func (b *Base) passUpBatch(bt *Batch) {
 	if len(bt.Msgs) == 0 {
 		return
 	}

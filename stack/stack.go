@@ -90,6 +90,9 @@ func checkOrder(protos []Protocol) error {
 func (s *Stack) adopt(p Protocol) {
 	b := p.base()
 	b.self = p
+	_, bp := p.(BatchPreserver)
+	_, tr := p.(Transport)
+	b.preserves = bp || tr
 	b.st = s
 	if t, ok := LookupProtocol(p.Name()); ok {
 		b.id = t.ID

@@ -385,20 +385,24 @@ func (f *FlowControl) Up(m *stack.Message) {
 	f.PassUp(m)
 }
 
+// PreservesBatches marks UFC and MFC as stack.BatchPreservers: their
+// UpBatch only removes messages.
+func (*FlowControl) PreservesBatches() {}
+
 // UpBatch takes the batch's credit messages and counts the rest once the
 // batch has been delivered.
 func (f *FlowControl) UpBatch(b *stack.Batch) {
 	var n int64
-	b.Keep(func(m *stack.Message) bool {
-		if h, ok := m.Header(f.ID()).(*Header); ok {
-			f.handle(m.Src, h)
-			return false
+	switch {
+	case !b.MayHave(f.ID()) && !b.MayHaveFlags(stack.Internal|stack.NoFC):
+		// No credit message, and every message is controlled when the
+		// batch's one destination is of this layer's kind.
+		if b.Dest.IsZero() == f.mcast && b.Src != f.LocalAddress() {
+			n = b.PayloadBytes()
 		}
-		if f.counted(m) {
-			n += int64(len(m.Payload))
-		}
-		return true
-	})
+	default:
+		b.Keep(f.keep(&n))
+	}
 	if n == 0 {
 		f.PassUpBatch(b)
 		return
@@ -407,6 +411,21 @@ func (f *FlowControl) UpBatch(b *stack.Batch) {
 	f.arrived(src, n)
 	defer f.processed(src, n)
 	f.PassUpBatch(b)
+}
+
+// keep returns the Batch.Keep function of UpBatch: it handles credit
+// messages and adds the bytes of controlled ones to *n.
+func (f *FlowControl) keep(n *int64) func(*stack.Message) bool {
+	return func(m *stack.Message) bool {
+		if h, ok := m.Header(f.ID()).(*Header); ok {
+			f.handle(m.Src, h)
+			return false
+		}
+		if f.counted(m) {
+			*n += int64(len(m.Payload))
+		}
+		return true
+	}
 }
 
 // counted reports whether a received message was charged by its sender.

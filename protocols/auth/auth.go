@@ -234,6 +234,10 @@ func (a *Auth) Up(m *stack.Message) {
 	a.PassUp(m)
 }
 
+// PreservesBatches marks AUTH as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*Auth) PreservesBatches() {}
+
 // UpBatch runs each message.
 func (a *Auth) UpBatch(bt *stack.Batch) {
 	a.UpBatchInOrder(bt, func(m *stack.Message) bool {

@@ -102,6 +102,10 @@ func (d *Delay) Up(m *stack.Message) {
 	}
 }
 
+// PreservesBatches marks DELAY as a stack.BatchPreserver: its UpBatch holds
+// batches, it does not change them.
+func (*Delay) PreservesBatches() {}
+
 // UpBatch holds the batch, then forwards it.
 func (d *Delay) UpBatch(b *stack.Batch) {
 	if d.wait(context.Background(), d.cfg.Up) == nil {

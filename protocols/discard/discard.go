@@ -126,6 +126,10 @@ func (d *Discard) Up(m *stack.Message) {
 	d.PassUp(m)
 }
 
+// PreservesBatches marks DISCARD as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*Discard) PreservesBatches() {}
+
 // UpBatch drops matching messages and forwards the rest.
 func (d *Discard) UpBatch(b *stack.Batch) {
 	b.Keep(func(m *stack.Message) bool {

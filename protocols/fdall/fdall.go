@@ -175,9 +175,17 @@ func (f *FDAll) Up(m *stack.Message) {
 	f.PassUp(m)
 }
 
+// PreservesBatches marks FD_ALL as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*FDAll) PreservesBatches() {}
+
 // UpBatch counts the batch as a heartbeat of its sender.
 func (f *FDAll) UpBatch(bt *stack.Batch) {
 	f.touch(bt.Src)
+	if !bt.MayHave(f.ID()) {
+		f.PassUpBatch(bt)
+		return
+	}
 	bt.Keep(func(m *stack.Message) bool {
 		_, ok := m.Header(f.ID()).(heartbeat)
 		if ok && m.Src != f.LocalAddress() {

@@ -262,9 +262,17 @@ func (n *NAKACK) Up(m *stack.Message) {
 	}
 }
 
+// PreservesBatches marks NAKACK as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*NAKACK) PreservesBatches() {}
+
 // UpBatch adds the batch's messages to their tables under one lock and
 // delivers what is in order, as batches; other messages go up as they are.
 func (n *NAKACK) UpBatch(b *stack.Batch) {
+	if !b.MayHave(n.ID()) {
+		n.PassUpBatch(b)
+		return
+	}
 	var srcs []stack.Address
 	var oob []*stack.Message
 	self := n.LocalAddress()

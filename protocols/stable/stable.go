@@ -473,9 +473,21 @@ func (s *STABLE) Up(m *stack.Message) {
 	s.PassUp(m)
 }
 
+// PreservesBatches marks STABLE as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*STABLE) PreservesBatches() {}
+
 // UpBatch takes the batch's STABLE messages and counts the rest, once per
 // batch.
 func (s *STABLE) UpBatch(b *stack.Batch) {
+	if !b.MayHave(s.ID()) {
+		// The messages of a batch have one destination.
+		if n := b.PayloadBytes(); n > 0 && b.Dest.IsZero() {
+			s.count(n)
+		}
+		s.PassUpBatch(b)
+		return
+	}
 	var n int64
 	b.Keep(func(m *stack.Message) bool {
 		if h, ok := m.Header(s.ID()).(*Header); ok {

@@ -16,9 +16,17 @@ func (u *UNICAST2) Up(m *stack.Message) {
 	}
 }
 
+// PreservesBatches marks UNICAST2 as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*UNICAST2) PreservesBatches() {}
+
 // UpBatch handles the batch's UNICAST2 messages under one pass and delivers
 // in-order messages as batches; other messages go up as they are.
 func (u *UNICAST2) UpBatch(b *stack.Batch) {
+	if !b.MayHave(u.ID()) {
+		u.PassUpBatch(b)
+		return
+	}
 	srcs := map[stack.Address]bool{}
 	b.Keep(func(m *stack.Message) bool {
 		if m.Header(u.ID()) == nil {

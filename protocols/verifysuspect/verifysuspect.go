@@ -216,9 +216,17 @@ func (v *VerifySuspect) Up(m *stack.Message) {
 	v.PassUp(m)
 }
 
+// PreservesBatches marks VERIFY_SUSPECT as a stack.BatchPreserver: its UpBatch only
+// removes messages.
+func (*VerifySuspect) PreservesBatches() {}
+
 // UpBatch clears the batch's sender and handles its requests.
 func (v *VerifySuspect) UpBatch(bt *stack.Batch) {
 	v.alive(bt.Src)
+	if !bt.MayHave(v.ID()) {
+		v.PassUpBatch(bt)
+		return
+	}
 	bt.Keep(func(m *stack.Message) bool {
 		h, ok := m.Header(v.ID()).(*Header)
 		if ok && h.Type == areYouDead {
