@@ -72,6 +72,23 @@ type epoch struct {
 	// prev: the epoch a drain closed, while that drain still waits for it
 	// (a view queued meanwhile waits for it too).
 	prev atomic.Pointer[epoch]
+	// older: the epochs before this one that may still have deliveries
+	// out, newest first (under cb.mu): a drain waits for them too.
+	older *epoch
+}
+
+// pendingLocked returns the chain from e of the epochs that may still have
+// deliveries out, dropping those that have none: a closed epoch whose
+// count is back at zero stays there (only the current epoch admits new
+// deliveries). Callers hold cb.mu.
+func pendingLocked(e *epoch) *epoch {
+	for e != nil && e.active.Load() == 0 {
+		e = e.older
+	}
+	if e != nil {
+		e.older = pendingLocked(e.older)
+	}
+	return e
 }
 
 // waitFor returns once e's deliveries, and those of the epoch a drain is
@@ -124,8 +141,10 @@ func (cb *callbacks) do(f func(), view bool) {
 	if view {
 		before := cb.cur.Load()
 		q := cb.queued.Add(1)
-		cb.cur.Store(&epoch{q: q})
+		next := &epoch{q: q}
+		cb.cur.Store(next)
 		before.closed.Store(true)
+		next.older = pendingLocked(before)
 		it.view = q
 		it.f = func() {
 			cb.mu.Lock()
@@ -353,8 +372,10 @@ func (cb *callbacks) leave(e *epoch) {
 }
 
 // drain returns once every delivery that reached the channel before it has
-// come back from Receive; later deliveries are counted apart (a new epoch
-// of the same view) and not waited for.
+// come back from Receive, those counted in the epochs of earlier views too
+// (a view queued since they arrived does not wait for a slow Receive, but
+// a state must include them); later deliveries are counted apart (a new
+// epoch of the same view) and not waited for.
 func (cb *callbacks) drain() {
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
@@ -363,7 +384,13 @@ func (cb *callbacks) drain() {
 	next.prev.Store(before)
 	cb.cur.Store(next)
 	before.closed.Store(true)
-	cb.waitFor(before, 0)
+	next.older = pendingLocked(before)
+	// waitFor lets go of cb.mu while it waits: a view queued meanwhile may
+	// drop drained epochs from the chain, never one with deliveries out.
+	for e := next.older; e != nil; e = e.older {
+		cb.waitFor(e, 0)
+	}
+	next.older = nil
 	next.prev.Store(nil)
 }
 

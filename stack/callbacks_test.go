@@ -116,3 +116,48 @@ func TestDrainWaitsForEverySlowReceive(t *testing.T) {
 		<-drained
 	})
 }
+
+// TestDrainWaitsForDeliveriesOfEarlierViews: a message that reached the
+// channel before a view and is still in Receive (a view that waited
+// slowReceive for it has gone, and another after it) is in the state too:
+// the drain waits for it, and for one of an epoch between, not for one
+// that came back.
+func TestDrainWaitsForDeliveriesOfEarlierViews(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cb := newCallbacks()
+		o := &order{}
+		slow := cb.enter()
+		endSlow := cb.inApp(slow, nil)
+		queueView(cb, o)
+		back := cb.enter() // of view 1's epoch, back before the drain
+		mid := cb.enter()  // likewise, still out when the drain begins
+		queueView(cb, o)
+		cb.leave(back)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		require.Equal(t, []string{"view"}, o.list(), "view 1 let the slow Receive go; view 2 waits for the delivery of view 1's epoch")
+		drained := make(chan struct{})
+		go func() {
+			cb.drain()
+			close(drained)
+		}()
+		wait := func(what string) {
+			time.Sleep(time.Hour)
+			synctest.Wait()
+			select {
+			case <-drained:
+				t.Fatalf("the drain went on while %s", what)
+			default:
+			}
+		}
+		wait("a delivery of view 1's epoch was out")
+		cb.inApp(mid, nil)()
+		cb.leave(mid)
+		wait("a Receive of view 0's epoch ran")
+		endSlow()
+		cb.leave(slow)
+		<-drained
+		cb.wait()
+		require.Equal(t, []string{"view", "view"}, o.list())
+	})
+}
