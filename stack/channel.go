@@ -82,6 +82,10 @@ const (
 	chOpen chanState = iota
 	chConnecting
 	chConnected
+	// chLeaving: a connect that failed after joining is leaving the group
+	// and stopping the stack (without c.mu: a view being installed
+	// meanwhile takes it, and the leave waits for that).
+	chLeaving
 	chClosed
 )
 
@@ -100,7 +104,8 @@ type Channel struct {
 
 	cb *callbacks
 	// stops counts the stack stops a callback's Disconnect or Close left to
-	// finish after it returns; Connect and Close wait for them.
+	// finish after it returns, and that of a failed connect; Connect,
+	// Disconnect and Close wait for them.
 	stops    sync.WaitGroup
 	stopping atomic.Int32
 	inState  atomic.Int32 // GetState or SetState callbacks running
@@ -204,6 +209,12 @@ func (c *Channel) connect(ctx context.Context, cluster string, req Event) error 
 	case chConnected, chConnecting:
 		c.mu.Unlock()
 		return fmt.Errorf("strata: already connected to %s", c.st.Cluster())
+	case chLeaving:
+		// A failed connect is stopping the stack; it did since the check
+		// above.
+		c.mu.Unlock()
+		c.stops.Wait()
+		return c.connect(ctx, cluster, req)
 	}
 	c.state = chConnecting
 	if c.everConn {
@@ -222,8 +233,19 @@ func (c *Channel) connect(ctx context.Context, cluster string, req Event) error 
 		err = c.st.InstallView(ctx, NewView(self, 1, self))
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err != nil {
+		// The stop runs without c.mu, which the view path takes (upEvent):
+		// a view installed meanwhile (the group's answer to the leave, say)
+		// would otherwise wait for the stop that waits for it. Connect,
+		// Disconnect and Close wait for it on c.stops.
+		if c.state == chConnecting || c.state == chConnected {
+			c.state = chLeaving
+		}
+		c.stopping.Add(1)
+		c.stops.Add(1)
+		c.mu.Unlock()
+		defer c.stops.Done()
+		defer c.stopping.Add(-1)
 		if c.view.Load() != nil {
 			// Joined, then failed (the state could not be fetched): leave
 			// gracefully rather than be suspected as crashed.
@@ -233,9 +255,14 @@ func (c *Channel) connect(ctx context.Context, cluster string, req Event) error 
 		c.st.Stop()
 		c.cb.wait()
 		c.view.Store(nil)
-		c.state = chOpen
+		c.mu.Lock()
+		if c.state == chLeaving {
+			c.state = chOpen
+		}
+		c.mu.Unlock()
 		return fmt.Errorf("strata: connect to %s: %w", cluster, err)
 	}
+	defer c.mu.Unlock()
 	if c.state == chConnecting {
 		c.state = chConnected
 		c.connected.Store(true)
@@ -470,12 +497,17 @@ func (c *Channel) upEvent(ev Event) error {
 		// A member may send as soon as it has a view, also from the
 		// ViewAccepted callback of its first view, which may run before
 		// Connect returns.
+		// A view that comes in while the member leaves (a Disconnect, a
+		// failed connect) does not make it connected again.
 		c.mu.Lock()
 		if c.state == chConnecting {
 			c.state = chConnected
 		}
+		live := c.state == chConnected
 		c.mu.Unlock()
-		c.connected.Store(true)
+		if live {
+			c.connected.Store(true)
+		}
 		if r != nil {
 			c.cb.do(func() {
 				defer c.cb.viewDone()
