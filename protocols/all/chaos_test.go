@@ -259,7 +259,7 @@ type chaosRun struct {
 	// earlier, in another subgroup, and saw it DOWN then).
 	leftTo  map[int]bool
 	log     io.Writer // every member's log (STRATA_CHAOS_LOG=dir), or nil
-	ucastMu sync.Map  // member -> *sync.Mutex: see send
+	ucastMu sync.Map  // member -> chan struct{} (a lock): see send
 }
 
 func newChaosRun(t *testing.T, file string, seed uint64) *chaosRun {
@@ -336,10 +336,13 @@ func (r *chaosRun) send(i, kind, to, size int) error {
 	if kind == kindUcast {
 		// One unicast stream at a time per member: the callback matrix
 		// sends from callbacks beside the traffic goroutine, and FIFO is
-		// checked per stream.
-		mu, _ := r.ucastMu.LoadOrStore(i, new(sync.Mutex))
-		mu.(*sync.Mutex).Lock()
-		defer mu.(*sync.Mutex).Unlock()
+		// checked per stream. The lock is a channel made in the bubble: a
+		// sender waiting for it is durably blocked, so virtual time goes on
+		// while the holder's Send waits for a timer (a sync.Mutex would
+		// stop it for good).
+		lock, _ := r.ucastMu.LoadOrStore(i, make(chan struct{}, 1))
+		lock.(chan struct{}) <- struct{}{}
+		defer func() { <-lock.(chan struct{}) }()
 	}
 	var ups uint64
 	var downs []int
