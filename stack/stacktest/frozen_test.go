@@ -3,6 +3,7 @@ package stacktest
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,12 +54,13 @@ func TestFrozenReportNamesTheBubbleAndWhatHoldsIt(t *testing.T) {
 // and release, which lets the bubble finish and waits for it.
 func freezeBubble(t *testing.T) (dump []dumpedGoroutine, locker dumpedGoroutine, release func()) {
 	var mu sync.Mutex
+	var got atomic.Bool
 	mu.Lock()
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		synctest.Test(t, func(t *testing.T) {
-			go lockOnce(&mu)
+			go lockOnce(&mu, &got)
 			time.Sleep(time.Second)
 		})
 	}()
@@ -66,15 +68,20 @@ func freezeBubble(t *testing.T) (dump []dumpedGoroutine, locker dumpedGoroutine,
 		dump = parseDump(allStacks())
 		for _, g := range dump {
 			if g.bubble != 0 && strings.Contains(g.text, "stacktest.lockOnce(") && g.state == "sync.Mutex.Lock" {
-				return dump, g, func() { mu.Unlock(); <-finished }
+				return dump, g, func() {
+					mu.Unlock()
+					<-finished
+					require.True(t, got.Load())
+				}
 			}
 		}
 		time.Sleep(time.Millisecond) // real time, outside the bubble: the goroutine is on its way to the lock
 	}
 }
 
-func lockOnce(mu *sync.Mutex) {
+func lockOnce(mu *sync.Mutex, got *atomic.Bool) {
 	mu.Lock() // not a durable block: the bubble's virtual time stops
+	got.Store(true)
 	mu.Unlock()
 }
 
