@@ -109,9 +109,18 @@ type FLUSH struct {
 
 	gate      stack.Gate
 	callbacks stack.Serial // Block and Unblock, in order, off FLUSH's locks
-	inflight  sync.RWMutex // multicasts past the gate on their way down
-	pmu       sync.Mutex   // participant transitions and their effects, one at a time
-	owner     chan struct{}
+	// inflight counts the multicasts past the gate on their way down; the
+	// block waits for them on inflightDone (under inflightMu), a durable
+	// wait: under synctest a sender delayed below on a timer goes on,
+	// where an RWMutex's writer stopped virtual time for good.
+	inflight     atomic.Int64
+	inflightMu   sync.Mutex
+	inflightDone *sync.Cond
+	// pmu: participant transitions and their effects, one at a time. A
+	// channel, so that one waiting for a transition whose block waits for
+	// senders (waitInflight) is durably blocked under synctest.
+	pmu   chan struct{}
+	owner chan struct{}
 
 	mu sync.Mutex
 	// part is this member as a participant; its view is FLUSH's.
@@ -136,9 +145,10 @@ var _ stack.Protocol = (*FLUSH)(nil)
 
 // New returns a FLUSH layer.
 func New(cfg Config) *FLUSH {
-	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1),
+	f := &FLUSH{cfg: cfg, owner: make(chan struct{}, 1), pmu: make(chan struct{}, 1),
 		stateDone: map[stack.Address]bool{}, stateWake: make(chan struct{}, 1), suspects: map[stack.Address]bool{}}
 	f.part = newParticipant(cfg.Timeout, &f.count)
+	f.inflightDone = sync.NewCond(&f.inflightMu)
 	return f
 }
 
@@ -180,18 +190,40 @@ func (f *FLUSH) Down(ctx context.Context, m *stack.Message) error {
 		if err := f.gate.Wait(ctx, m); err != nil {
 			return err
 		}
-		f.inflight.RLock()
+		// Counted before the gate is looked at again, as the block closes
+		// the gate before it looks at the count: one of them sees the other.
+		f.inflight.Add(1)
 		if f.gate.IsClosed() {
-			f.inflight.RUnlock()
+			f.leaveInflight()
 			continue
 		}
 		err := f.PassDown(ctx, m)
-		f.inflight.RUnlock()
+		f.leaveInflight()
 		if errors.Is(err, stack.ErrNotSent) && ctx.Err() == nil {
 			continue // it waited for credits below when the gate closed
 		}
 		return err
 	}
+}
+
+// leaveInflight ends a multicast's passage counted in inflight, waking a
+// block that waits for the last one.
+func (f *FLUSH) leaveInflight() {
+	if f.inflight.Add(-1) == 0 && f.gate.IsClosed() {
+		f.inflightMu.Lock()
+		f.inflightDone.Broadcast()
+		f.inflightMu.Unlock()
+	}
+}
+
+// waitInflight returns once every multicast past the gate has gone down;
+// the gate is closed.
+func (f *FLUSH) waitInflight() {
+	f.inflightMu.Lock()
+	for f.inflight.Load() > 0 {
+		f.inflightDone.Wait()
+	}
+	f.inflightMu.Unlock()
 }
 
 func (f *FLUSH) Stats() []stack.Stat {

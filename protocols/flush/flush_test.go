@@ -1076,3 +1076,50 @@ func TestFlushOfAGroupLargerThanADatagram(t *testing.T) {
 		require.Zero(t, failed, "no flush failed")
 	})
 }
+
+// slowDown holds the first application multicast after armed for two
+// seconds of (virtual) time on its way down, deaf to EvRecallSenders, as a
+// layer that waits for a timer.
+type slowDown struct {
+	stack.Base
+	armed, held atomic.Bool
+}
+
+func (s *slowDown) Name() string { return "SLOWDOWN" }
+
+func (s *slowDown) Down(ctx context.Context, m *stack.Message) error {
+	if m.IsMulticast() && m.Flags&stack.Internal == 0 && s.armed.CompareAndSwap(true, false) {
+		s.held.Store(true)
+		time.Sleep(2 * time.Second)
+	}
+	return s.PassDown(ctx, m)
+}
+
+// TestBlockWaitsForASenderDelayedBelowOnATimer: a multicast past the gate
+// that a layer below FLUSH holds on a timer is waited for by the block,
+// and the flush's digests cover it: StartFlush returns with it delivered
+// everywhere. The block's wait is durable: with an RWMutex's write lock it
+// was not, virtual time stopped and the timer never fired (the run then
+// hangs until stacktest.Main's watchdog reports the frozen bubble).
+func TestBlockWaitsForASenderDelayedBelowOnATimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLab(t, 1)
+		ms := l.start(3)
+		synctest.Wait()
+		slow := &slowDown{}
+		require.NoError(t, stack.Of(ms[1].Ch).InsertBelow(slow, "FLUSH"))
+		slow.armed.Store(true)
+		sent := make(chan error, 1)
+		go func() { sent <- ms[1].Ch.SendTo(context.Background(), stack.Address{}, stacktest.Payload(1, 0, 8)) }()
+		synctest.Wait()
+		require.True(t, slow.held.Load(), "the multicast is held below FLUSH")
+		start := time.Now()
+		require.NoError(t, ms[0].Ch.StartFlush(t.Context()))
+		require.GreaterOrEqual(t, time.Since(start), time.Second, "the flush waited for the held multicast")
+		for i, m := range ms {
+			require.Equal(t, 1, m.Col.Len(), "member %d delivered the held multicast before the flush completed", i)
+		}
+		require.NoError(t, <-sent)
+		require.NoError(t, ms[0].Ch.StopFlush(t.Context()))
+	})
+}

@@ -85,8 +85,8 @@ func (f *FLUSH) handle(src stack.Address, h *Header) {
 // effects call other layers and the application) but before the next
 // transition (pmu).
 func (f *FLUSH) step(fn func(p *participant, now time.Time) []effect) {
-	f.pmu.Lock()
-	defer f.pmu.Unlock()
+	f.pmu <- struct{}{}
+	defer func() { <-f.pmu }()
 	f.mu.Lock()
 	out := fn(&f.part, time.Now())
 	f.mu.Unlock()
@@ -109,11 +109,9 @@ func (f *FLUSH) do(out []effect) {
 			// member blocked the same way may never return): it gives its
 			// message back and waits at the gate.
 			_, _ = f.PassDownEvent(f.Context(), stack.EvRecallSenders{})
-			// Taking the write lock waits for every sender already past
-			// the gate, so the digest taken next covers every multicast
-			// this member sent.
-			f.inflight.Lock()
-			f.inflight.Unlock()
+			// Every sender already past the gate is waited for, so the
+			// digest taken next covers every multicast this member sent.
+			f.waitInflight()
 		case answerCompleted:
 			d := f.digest(e.hold)
 			f.Log().Debug("flush: completed", "round", e.round, "digest", d)
