@@ -63,3 +63,19 @@ func payloads(ms []*stack.Message) []string {
 	}
 	return out
 }
+
+// BenchmarkGateOpenPassage is FLUSH's per-multicast cost at the gate: a Wait
+// and two IsClosed on an open gate, from both cores at once.
+func BenchmarkGateOpenPassage(b *testing.B) {
+	var g stack.Gate
+	m := &stack.Message{}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if g.Wait(ctx, m) != nil || g.IsClosed() || g.IsClosed() {
+				b.Fatal("the gate is open")
+			}
+		}
+	})
+}

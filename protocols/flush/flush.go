@@ -207,7 +207,8 @@ func (f *FLUSH) Down(ctx context.Context, m *stack.Message) error {
 }
 
 // leaveInflight ends a multicast's passage counted in inflight, waking a
-// block that waits for the last one.
+// block that waits for the last one. Off a block it is two atomic
+// operations (IsClosed is a load); the lock is taken only to wake one.
 func (f *FLUSH) leaveInflight() {
 	if f.inflight.Add(-1) == 0 && f.gate.IsClosed() {
 		f.inflightMu.Lock()

@@ -1114,7 +1114,11 @@ func TestBlockWaitsForASenderDelayedBelowOnATimer(t *testing.T) {
 		synctest.Wait()
 		require.True(t, slow.held.Load(), "the multicast is held below FLUSH")
 		start := time.Now()
-		require.NoError(t, ms[0].Ch.StartFlush(t.Context()))
+		// Bounded in virtual time: a block that never sees the sender leave
+		// would otherwise wait while the stacks' timers run forever.
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		require.NoError(t, ms[0].Ch.StartFlush(ctx))
 		require.GreaterOrEqual(t, time.Since(start), time.Second, "the flush waited for the held multicast")
 		for i, m := range ms {
 			require.Equal(t, 1, m.Col.Len(), "member %d delivered the held multicast before the flush completed", i)
