@@ -32,7 +32,12 @@
 # load more than strata does, so loaded figures flatter strata. The script
 # refuses to start when the 1-minute load average is above 0.5 (LOAD_OK=1
 # runs anyway, and the output says so), and records the load at start and
-# end and the git revision. Needs go, java, javac and python3.
+# end and the git revision. The load average does not see a shared host:
+# on a virtual machine whose host gives the cores to other guests, the
+# share of CPU time it takes (steal, /proc/stat) is read for 5 s before the
+# start while a busy loop runs on every core (an idle guest is never
+# stolen from), and above 3% the script refuses too (STEAL_OK=1 runs
+# anyway); each run's steal share is printed with it. Needs go, java, javac and python3.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jg5=${JGROUPS5_RUN:-$root/../shared/bench/jgroups5/run.sh}
@@ -66,6 +71,22 @@ if python3 -c "import sys; sys.exit(0 if $load0 > 0.5 else 1)"; then
     exit 2
   fi
   echo "# WARNING: started at load $load0 (above 0.5, LOAD_OK=1): these figures are not quiet-machine figures"
+fi
+# snap: the machine's CPU counters, "busy idle steal" in ticks (the first
+# line of /proc/stat); steal_pct A B: the share of steal between two snaps.
+snap() { awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6, $9; exit}' /proc/stat; }
+steal_pct() { python3 -c "import sys; a, b = [list(map(int, x.split())) for x in sys.argv[1:3]]; d = [y - x for x, y in zip(a, b)]; print('%.0f%%' % (100 * d[2] / max(1, sum(d))))" "$1" "$2"; }
+steal0=$(snap)
+for _ in $(seq "$(nproc)"); do python3 -c 'import time; t = time.time() + 5
+while time.time() < t: pass' & done
+wait
+steal0=$(steal_pct "$steal0" "$(snap)")
+if python3 -c "import sys; sys.exit(0 if ${steal0%\%} > 3 else 1)"; then
+  if [ "${STEAL_OK:-}" != 1 ]; then
+    echo "sidebyside.sh: the host took $steal0 of this machine's CPU time in 5 s: other guests share the cores, figures would not be a quiet machine's (STEAL_OK=1 to run anyway)" >&2
+    exit 2
+  fi
+  echo "# WARNING: the host took $steal0 of the CPU time before the start (above 3%, STEAL_OK=1): these figures are not quiet-machine figures"
 fi
 # A JGroups that is not installed would print 0 in every run: leave it out,
 # and say so where the figures are.
@@ -204,28 +225,32 @@ ratio() { python3 -c "import sys; s, j = sys.argv[1], sys.argv[2]; print('%.2f' 
 
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then rev="$rev+dirty"; fi
-echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0"
+echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0, steal $steal0 in 5 s of busy loops before"
 echo "# strata's heap: $heapdesc"
 for m in "${missing[@]}"; do echo "# WARNING: not installed, left out: $m"; done
 echo "# $runs interleaved runs per shape; each run: a warm-up round, then the measured round (counts x$scale); msgs/s received"
 [ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"
 printf '%-11s %10s' shape strata
 for impl in $impls; do printf ' %10s %6s' "jg$impl" ratio; done
-printf '   %s\n' "strata runs (s, retransmissions) | jgroups runs (s) ..."
+printf '   %s\n' "strata runs (s, retransmissions, steal) | jgroups runs (s, steal) ..."
 for shape in $shapes; do
   s=() sd=()
   declare -A j=() jd=()
   for i in $(seq 1 "$runs"); do
+    a=$(snap)
     read -r fig secs xm < <(run_strata "$shape" "$tmp/s-$shape-$i")
+    st=$(steal_pct "$a" "$(snap)")
     s+=("$fig")
     short=; python3 -c "import sys; sys.exit(0 if float('$secs') < 5 else 1)" && short=" short"
-    sd+=("$fig (${secs}s, $xm$short)")
+    sd+=("$fig (${secs}s, $xm, $st$short)")
     for impl in $impls; do
+      a=$(snap)
       read -r fig secs < <(run_jgroups "$impl" "$shape" "$tmp/j$impl-$shape-$i")
+      st=$(steal_pct "$a" "$(snap)")
       j[$impl]+="$fig "
       if [ "$fig" = - ]; then jd[$impl]+="-, "; continue; fi
       short=; python3 -c "import sys; sys.exit(0 if float('$secs') < 5 else 1)" && short=" short"
-      jd[$impl]+="$fig (${secs}s$short), "
+      jd[$impl]+="$fig (${secs}s, $st$short), "
     done
   done
   sm=$(printf '%s\n' "${s[@]}" | median)

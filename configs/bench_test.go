@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-go/strata/internal/cpustat"
 	"github.com/strata-go/strata/stack"
 	"github.com/strata-go/strata/stack/stacktest"
 )
@@ -82,6 +83,7 @@ func benchStack1KB(b *testing.B, pair func(b *testing.B, want int64) (a, r *stac
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			b.ResetTimer()
+			cpu0 := cpustat.Process()
 			start := time.Now()
 			for range b.N {
 				if err := a.Send(ctx, stack.NewMessage(dest, payload)); err != nil {
@@ -89,10 +91,11 @@ func benchStack1KB(b *testing.B, pair func(b *testing.B, want int64) (a, r *stac
 				}
 			}
 			<-done
-			el := time.Since(start)
+			el, cpu := time.Since(start), cpustat.Process()-cpu0
 			b.StopTimer()
 			runtime.ReadMemStats(&after)
 			b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/msg")
 			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(b.N), "allocs/msg")
 			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(b.N), "B/msg")
 		})

@@ -15,12 +15,14 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/term"
 
+	"github.com/strata-go/strata/internal/cpustat"
 	"github.com/strata-go/strata/protocols/groupfc"
 	"github.com/strata-go/strata/rpc"
 	"github.com/strata-go/strata/stack"
@@ -295,22 +297,32 @@ func (pm *perfMember) received(kind byte, sender int) int64 {
 
 // perfResult is what perf reports (also as JSON).
 type perfResult struct {
-	Config    string           `json:"config"`
-	Mode      string           `json:"mode"`
-	Members   int              `json:"members"`
-	Senders   int              `json:"senders"`
-	Size      int              `json:"size"`
-	Count     int              `json:"count"`
-	Warmup    int              `json:"warmup"`
-	Seconds   float64          `json:"seconds"`
-	PerMember []memberResult   `json:"per_member"`
-	TotalMsgs int64            `json:"total_msgs_received"`
-	MsgsPerS  float64          `json:"total_msgs_per_sec"`
-	MBPerS    float64          `json:"total_mb_per_sec"`
-	Latency   *latency         `json:"rpc_latency_us,omitempty"`
-	CallsPerS float64          `json:"rpc_calls_per_sec,omitempty"`
-	Stats     map[string]int64 `json:"stats"`
-	Errors    []string         `json:"errors,omitempty"`
+	Config    string         `json:"config"`
+	Mode      string         `json:"mode"`
+	Members   int            `json:"members"`
+	Senders   int            `json:"senders"`
+	Size      int            `json:"size"`
+	Count     int            `json:"count"`
+	Warmup    int            `json:"warmup"`
+	Seconds   float64        `json:"seconds"`
+	PerMember []memberResult `json:"per_member"`
+	TotalMsgs int64          `json:"total_msgs_received"`
+	MsgsPerS  float64        `json:"total_msgs_per_sec"`
+	MBPerS    float64        `json:"total_mb_per_sec"`
+	Latency   *latency       `json:"rpc_latency_us,omitempty"`
+	CallsPerS float64        `json:"rpc_calls_per_sec,omitempty"`
+	// CPUSeconds is this process's CPU time (user and system) during the
+	// measured round, and CPUMicrosPerMsg that per message (or call) sent:
+	// what the round cost, which the host's share of the cores does not
+	// change.
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	CPUMicrosPerMsg float64 `json:"cpu_us_per_msg_sent"`
+	// StealShare is the share of the machine's CPU time the host gave to
+	// others during the round (Linux; absent elsewhere): above a few
+	// percent the figures are not a quiet machine's.
+	StealShare *float64         `json:"steal_share,omitempty"`
+	Stats      map[string]int64 `json:"stats"`
+	Errors     []string         `json:"errors,omitempty"`
 }
 
 type memberResult struct {
@@ -557,10 +569,21 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			return nil, err
 		}
 	}
+	mach0, machErr := cpustat.ReadMachine()
+	cpu0 := cpustat.Process()
 	start := time.Now()
 	lat, sendErr := drive(ctx, o, ms, stderr, progress, kindData, o.count)
 	el := time.Since(start)
+	cpu := cpustat.Process() - cpu0
 	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
+	res.CPUSeconds = cpu.Seconds()
+	if sent := o.senders * o.count; sent > 0 {
+		res.CPUMicrosPerMsg = float64(cpu.Microseconds()) / float64(sent)
+	}
+	if mach1, err := cpustat.ReadMachine(); err == nil && machErr == nil {
+		share := mach1.Sub(mach0).StealShare()
+		res.StealShare = &share
+	}
 	if sendErr != nil {
 		res.Errors = append(res.Errors, sendErr.Error())
 	}
@@ -876,6 +899,11 @@ func printPerf(w io.Writer, r *perfResult) {
 		}
 		fmt.Fprintf(w, "  total: %d msgs received, %.0f msgs/s, %.1f MB/s\n", r.TotalMsgs, r.MsgsPerS, r.MBPerS)
 	}
+	steal := ""
+	if r.StealShare != nil {
+		steal = fmt.Sprintf("; the host took %.0f%% of the machine's CPU time", 100**r.StealShare)
+	}
+	fmt.Fprintf(w, "  cpu: %.2fs in this process, %.2f µs per %s sent%s\n", r.CPUSeconds, r.CPUMicrosPerMsg, strings.TrimSuffix(what, "s"), steal)
 	keys := make([]string, 0, len(r.Stats))
 	for k := range r.Stats {
 		keys = append(keys, k)

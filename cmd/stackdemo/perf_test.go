@@ -224,3 +224,22 @@ func TestPerfWritesProfiles(t *testing.T) {
 		require.Contains(t, string(b), sampleType, "%s writes a profile with sample type %s", flag, sampleType)
 	}
 }
+
+// TestPerfReportsItsCPUAndTheHostsShare: a run says what CPU time it cost
+// per message sent and, on Linux, how much of the machine the host took, so
+// that figures from a shared machine carry their context.
+func TestPerfReportsItsCPUAndTheHostsShare(t *testing.T) {
+	code, out, errOut := runCmd("perf", "-members", "2", "-count", "3000", "-json")
+	require.Equal(t, 0, code, errOut)
+	var r perfResult
+	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+	require.Positive(t, r.CPUSeconds)
+	require.InDelta(t, r.CPUSeconds*1e6/(2*3000), r.CPUMicrosPerMsg, 0.01*r.CPUMicrosPerMsg+0.01, "per message sent: 2 senders × 3000")
+	if _, err := os.Stat("/proc/stat"); err == nil {
+		require.NotNil(t, r.StealShare)
+		require.True(t, *r.StealShare >= 0 && *r.StealShare <= 1, "a share: %v", *r.StealShare)
+	}
+	code, out, errOut = runCmd("perf", "-members", "2", "-count", "500")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `cpu: [0-9.]+s in this process, [0-9.]+ µs per message sent`, out)
+}

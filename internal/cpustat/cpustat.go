@@ -1,0 +1,84 @@
+// Package cpustat reads the CPU time a benchmark spends and the CPU time
+// the host takes away from this machine, so that speed figures from a
+// shared virtual machine come with what they cost and how quiet it was.
+package cpustat
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// userHZ is the unit of /proc/stat's counters: USER_HZ, 100 on every Linux
+// architecture Go supports.
+const userHZ = 100
+
+// maxTicks bounds a counter (about 348 years of one CPU), so that durations
+// made from it cannot overflow.
+const maxTicks = 1 << 40
+
+// Machine is the machine's CPU time so far, summed over its CPUs, from the
+// first line of /proc/stat.
+type Machine struct {
+	Busy  time.Duration // user, nice, system, irq and softirq
+	Idle  time.Duration // idle and iowait
+	Steal time.Duration // time the host ran something else while a CPU of this machine wanted to run
+}
+
+// ReadMachine returns the machine's counters (Linux only: elsewhere an
+// error).
+func ReadMachine() (Machine, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return Machine{}, err
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil {
+		return Machine{}, fmt.Errorf("/proc/stat: %w", err)
+	}
+	return parseStat(line)
+}
+
+// parseStat reads the aggregate "cpu" line of /proc/stat: user nice system
+// idle iowait irq softirq steal [guest guest_nice].
+func parseStat(line string) (Machine, error) {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return Machine{}, errors.New("/proc/stat: no aggregate cpu line with a steal column")
+	}
+	var v [8]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
+		if err != nil || n < 0 || n > maxTicks {
+			return Machine{}, fmt.Errorf("/proc/stat: column %d: %q is not a count", i+1, f[i+1])
+		}
+		v[i] = n
+	}
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+	return Machine{
+		Busy:  tick(v[0] + v[1] + v[2] + v[5] + v[6]),
+		Idle:  tick(v[3] + v[4]),
+		Steal: tick(v[7]),
+	}, nil
+}
+
+// Sub returns the counters' growth since before.
+func (m Machine) Sub(before Machine) Machine {
+	return Machine{Busy: m.Busy - before.Busy, Idle: m.Idle - before.Idle, Steal: m.Steal - before.Steal}
+}
+
+// StealShare is the share of the machine's CPU time in m that the host
+// took (0 when m is empty): above a few percent, other guests compete for
+// the cores and speed figures are not a quiet machine's.
+func (m Machine) StealShare() float64 {
+	total := m.Busy + m.Idle + m.Steal
+	if total <= 0 {
+		return 0
+	}
+	return float64(m.Steal) / float64(total)
+}
