@@ -569,21 +569,12 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			return nil, err
 		}
 	}
-	mach0, machErr := cpustat.ReadMachine()
-	cpu0 := cpustat.Process()
+	cost := startCost()
 	start := time.Now()
 	lat, sendErr := drive(ctx, o, ms, stderr, progress, kindData, o.count)
 	el := time.Since(start)
-	cpu := cpustat.Process() - cpu0
 	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
-	res.CPUSeconds = cpu.Seconds()
-	if sent := o.senders * o.count; sent > 0 {
-		res.CPUMicrosPerMsg = float64(cpu.Microseconds()) / float64(sent)
-	}
-	if mach1, err := cpustat.ReadMachine(); err == nil && machErr == nil {
-		share := mach1.Sub(mach0).StealShare()
-		res.StealShare = &share
-	}
+	cost.record(res, o.senders*o.count)
 	if sendErr != nil {
 		res.Errors = append(res.Errors, sendErr.Error())
 	}
@@ -611,6 +602,34 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 		addStats(res.Stats, pm.ch)
 	}
 	return res, nil
+}
+
+// costMeter reads what a measured round costs: this process's CPU time,
+// and the share of the machine's CPU time the host took meanwhile.
+type costMeter struct {
+	mach    cpustat.Machine
+	machErr error
+	cpu     time.Duration
+}
+
+// startCost starts reading a round's cost.
+func startCost() costMeter {
+	m, err := cpustat.ReadMachine()
+	return costMeter{mach: m, machErr: err, cpu: cpustat.Process()}
+}
+
+// record fills res's cost fields at the end of a round of sent messages
+// (or calls) from every sender.
+func (c costMeter) record(res *perfResult, sent int) {
+	cpu := cpustat.Process() - c.cpu
+	res.CPUSeconds = cpu.Seconds()
+	if sent > 0 {
+		res.CPUMicrosPerMsg = float64(cpu.Microseconds()) / float64(sent)
+	}
+	if m, err := cpustat.ReadMachine(); err == nil && c.machErr == nil {
+		share := m.Sub(c.mach).StealShare()
+		res.StealShare = &share
+	}
 }
 
 // reportedStats are the counters a perf run adds up over its members and

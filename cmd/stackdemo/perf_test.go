@@ -110,6 +110,7 @@ func TestPerfJoinAcrossProcesses(t *testing.T) {
 				// process: flow control's waits and the transport's calls.
 				require.Contains(t, r.Stats, "MFC.blocked_time_ns")
 				require.Positive(t, r.Stats["UDP.datagrams_sent"], "process %d", i)
+				require.Positive(t, r.CPUSeconds, "process %d reports its own CPU time", i)
 				seen[r.PerMember[0].Member] = true
 			}
 			require.Len(t, seen, 3, "each process was a different member")
