@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,7 @@ type perfOptions struct {
 	cpuProf   string
 	memProf   string
 	mutexProf string
+	traceFile string // -trace FILE: the measured round's last second as an execution trace
 	diag      string // -diag host:port: member i serves its diagnostics on port+i
 	warmup    int    // -warmup N: an uncounted first round of N messages (calls) per sender
 }
@@ -312,9 +314,10 @@ type perfResult struct {
 	Latency   *latency       `json:"rpc_latency_us,omitempty"`
 	CallsPerS float64        `json:"rpc_calls_per_sec,omitempty"`
 	// CPUSeconds is this process's CPU time (user and system) during the
-	// measured round, and CPUMicrosPerMsg that per message (or call) sent:
-	// what the round cost, which the host's share of the cores does not
-	// change.
+	// measured round, and CPUMicrosPerMsg that per message (or call) sent
+	// by all senders: what the round cost, which the host's share of the
+	// cores does not change. With -join each process reports its own
+	// share; the processes' figures add up to the group's.
 	CPUSeconds      float64 `json:"cpu_seconds"`
 	CPUMicrosPerMsg float64 `json:"cpu_us_per_msg_sent"`
 	// StealShare is the share of the machine's CPU time the host gave to
@@ -355,6 +358,7 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the run to FILE (go tool pprof)")
 	fl.StringVar(&o.memProf, "memprofile", "", "write an allocation profile, taken after the run, to FILE")
 	fl.StringVar(&o.mutexProf, "mutexprofile", "", "write a profile of lock contention during the run (every contended Unlock) to FILE")
+	fl.StringVar(&o.traceFile, "trace", "", "write an execution trace of the measured round's last second to FILE (go tool trace FILE; go tool trace -pprof=sched FILE: where goroutines waited to run)")
 	fl.IntVar(&o.warmup, "warmup", 0, "an uncounted first round of N messages (calls) per sender before the measured one, as bench/jgroups5's driver has (0: none)")
 	fl.StringVar(&o.diag, "diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, member i on port+i (port 0: free ports), for stackdemo probe")
 	if err := fl.Parse(args); err != nil {
@@ -569,12 +573,17 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			return nil, err
 		}
 	}
-	cost := startCost()
+	round, err := startRound(o)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	lat, sendErr := drive(ctx, o, ms, stderr, progress, kindData, o.count)
 	el := time.Since(start)
 	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
-	cost.record(res, o.senders*o.count)
+	if err := round.finish(res, o.senders*o.count); err != nil {
+		return nil, err
+	}
 	if sendErr != nil {
 		res.Errors = append(res.Errors, sendErr.Error())
 	}
@@ -604,32 +613,58 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	return res, nil
 }
 
-// costMeter reads what a measured round costs: this process's CPU time,
-// and the share of the machine's CPU time the host took meanwhile.
-type costMeter struct {
-	mach    cpustat.Machine
-	machErr error
-	cpu     time.Duration
+// roundMeter reads what a measured round costs: this process's CPU time,
+// and the share of the machine's CPU time the host took meanwhile; with
+// -trace it also keeps the round's execution trace in a flight recorder,
+// whose last second it writes at the end of the round (a whole round's
+// trace would be gigabytes).
+type roundMeter struct {
+	mach      cpustat.Machine
+	machErr   error
+	cpu       time.Duration
+	fr        *trace.FlightRecorder
+	traceFile string
 }
 
-// startCost starts reading a round's cost.
-func startCost() costMeter {
-	m, err := cpustat.ReadMachine()
-	return costMeter{mach: m, machErr: err, cpu: cpustat.Process()}
+// startRound starts reading a round's cost, and its trace with -trace.
+func startRound(o perfOptions) (*roundMeter, error) {
+	r := &roundMeter{traceFile: o.traceFile}
+	if o.traceFile != "" {
+		r.fr = trace.NewFlightRecorder(trace.FlightRecorderConfig{MinAge: time.Second, MaxBytes: 256 << 20})
+		if err := r.fr.Start(); err != nil {
+			return nil, fmt.Errorf("-trace: %w", err)
+		}
+	}
+	r.mach, r.machErr = cpustat.ReadMachine()
+	r.cpu = cpustat.Process()
+	return r, nil
 }
 
-// record fills res's cost fields at the end of a round of sent messages
-// (or calls) from every sender.
-func (c costMeter) record(res *perfResult, sent int) {
-	cpu := cpustat.Process() - c.cpu
+// finish fills res's cost fields at the end of a round of sent messages
+// (or calls) from every sender, and writes the trace of -trace.
+func (r *roundMeter) finish(res *perfResult, sent int) error {
+	cpu := cpustat.Process() - r.cpu
 	res.CPUSeconds = cpu.Seconds()
 	if sent > 0 {
 		res.CPUMicrosPerMsg = float64(cpu.Microseconds()) / float64(sent)
 	}
-	if m, err := cpustat.ReadMachine(); err == nil && c.machErr == nil {
-		share := m.Sub(c.mach).StealShare()
+	if m, err := cpustat.ReadMachine(); err == nil && r.machErr == nil {
+		share := m.Sub(r.mach).StealShare()
 		res.StealShare = &share
 	}
+	if r.fr == nil {
+		return nil
+	}
+	defer r.fr.Stop()
+	f, err := os.Create(r.traceFile)
+	if err == nil {
+		_, err = r.fr.WriteTo(f)
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("-trace: %w", err)
+	}
+	return nil
 }
 
 // reportedStats are the counters a perf run adds up over its members and

@@ -204,7 +204,8 @@ func TestPerfWarmupIsNotCounted(t *testing.T) {
 }
 
 // TestPerfWritesProfiles: -cpuprofile, -memprofile and -mutexprofile each
-// write a pprof file of its kind (gzipped, its sample types named in it).
+// write a pprof file of its kind (gzipped, its sample types named in it),
+// and -trace an execution trace.
 func TestPerfWritesProfiles(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{"-cpuprofile": "cpu", "-memprofile": "alloc_space", "-mutexprofile": "contentions"}
@@ -212,8 +213,13 @@ func TestPerfWritesProfiles(t *testing.T) {
 	for flag := range files {
 		args = append(args, flag, filepath.Join(dir, flag[1:]))
 	}
+	args = append(args, "-trace", filepath.Join(dir, "trace"))
 	code, _, errOut := runCmd(args...)
 	require.Equal(t, 0, code, errOut)
+	// -trace: an execution trace (its header names the Go version).
+	tr, err := os.ReadFile(filepath.Join(dir, "trace"))
+	require.NoError(t, err, "-trace")
+	require.Regexp(t, `^go 1\.[0-9]+ trace\x00`, string(tr[:min(len(tr), 16)]))
 	for flag, sampleType := range files {
 		f, err := os.Open(filepath.Join(dir, flag[1:]))
 		require.NoError(t, err, flag)

@@ -139,7 +139,10 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 			return nil, fmt.Errorf("warm-up: not every member finished it: %w", ctx.Err())
 		}
 	}
-	cost := startCost()
+	round, err := startRound(o)
+	if err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	var lats []time.Duration
 	var sendErr error
@@ -149,7 +152,9 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	waitJoined(ctx, pm, from, kindData, o.count)
 	el := time.Since(t0)
 	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Stats: map[string]int64{}}
-	cost.record(res, o.senders*o.count)
+	if err := round.finish(res, o.senders*o.count); err != nil {
+		return nil, err
+	}
 	if o.mode == "rpc" {
 		res.Latency = percentiles(lats)
 		res.CallsPerS = float64(len(lats)) / el.Seconds()

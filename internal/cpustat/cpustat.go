@@ -10,23 +10,18 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 )
 
-// userHZ is the unit of /proc/stat's counters: USER_HZ, 100 on every Linux
-// architecture Go supports.
-const userHZ = 100
+// maxTicks bounds each counter read, so that sums of all eight cannot
+// overflow.
+const maxTicks = 1 << 59
 
-// maxTicks bounds a counter (about 348 years of one CPU), so that durations
-// made from it cannot overflow.
-const maxTicks = 1 << 40
-
-// Machine is the machine's CPU time so far, summed over its CPUs, from the
-// first line of /proc/stat.
+// Machine is the machine's CPU time so far, summed over its CPUs, in the
+// ticks (USER_HZ) of the first line of /proc/stat.
 type Machine struct {
-	Busy  time.Duration // user, nice, system, irq and softirq
-	Idle  time.Duration // idle and iowait
-	Steal time.Duration // time the host ran something else while a CPU of this machine wanted to run
+	Busy  int64 // user, nice, system, irq and softirq
+	Idle  int64 // idle and iowait
+	Steal int64 // the host ran something else while a CPU of this machine wanted to run
 }
 
 // ReadMachine returns the machine's counters (Linux only: elsewhere an
@@ -59,12 +54,7 @@ func parseStat(line string) (Machine, error) {
 		}
 		v[i] = n
 	}
-	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
-	return Machine{
-		Busy:  tick(v[0] + v[1] + v[2] + v[5] + v[6]),
-		Idle:  tick(v[3] + v[4]),
-		Steal: tick(v[7]),
-	}, nil
+	return Machine{Busy: v[0] + v[1] + v[2] + v[5] + v[6], Idle: v[3] + v[4], Steal: v[7]}, nil
 }
 
 // Sub returns the counters' growth since before.
@@ -73,11 +63,11 @@ func (m Machine) Sub(before Machine) Machine {
 }
 
 // StealShare is the share of the machine's CPU time in m that the host
-// took (0 when m is empty): above a few percent, other guests compete for
-// the cores and speed figures are not a quiet machine's.
+// took (0 when m holds none): above a few percent, other guests compete
+// for the cores and speed figures are not a quiet machine's.
 func (m Machine) StealShare() float64 {
 	total := m.Busy + m.Idle + m.Steal
-	if total <= 0 {
+	if total <= 0 || m.Steal <= 0 {
 		return 0
 	}
 	return float64(m.Steal) / float64(total)

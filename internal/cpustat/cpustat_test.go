@@ -10,18 +10,18 @@ import (
 func TestParseStat(t *testing.T) {
 	m, err := parseStat("cpu  1194224 10 229438 958611 3464 5 1108 65445 0 0\n")
 	require.NoError(t, err)
-	require.Equal(t, Machine{
-		Busy:  (1194224 + 10 + 229438 + 5 + 1108) * 10 * time.Millisecond,
-		Idle:  (958611 + 3464) * 10 * time.Millisecond,
-		Steal: 65445 * 10 * time.Millisecond,
-	}, m)
-	d := m.Sub(Machine{Busy: m.Busy - 3*time.Second, Idle: m.Idle - time.Second, Steal: m.Steal - time.Second})
+	require.Equal(t, Machine{Busy: 1194224 + 10 + 229438 + 5 + 1108, Idle: 958611 + 3464, Steal: 65445}, m)
+	d := m.Sub(Machine{Busy: m.Busy - 300, Idle: m.Idle - 100, Steal: m.Steal - 100})
 	require.InDelta(t, 0.2, d.StealShare(), 1e-9)
 	require.Zero(t, Machine{}.StealShare())
+	// A counter near the bound: the sums stay exact.
+	big, err := parseStat("cpu 576460752303423488 576460752303423488 576460752303423488 1 0 576460752303423488 576460752303423488 1")
+	require.NoError(t, err)
+	require.Equal(t, int64(5<<59), big.Busy)
 }
 
 func TestParseStatRefusesWhatIsNotTheCPULine(t *testing.T) {
-	for _, line := range []string{"", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3 4 5 6 7", "cpu 1 2 3 x 5 6 7 8", "cpu 1 2 3 -4 5 6 7 8", "cpu 1 2 3 4 5 6 7 1099511627777"} {
+	for _, line := range []string{"", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3 4 5 6 7", "cpu 1 2 3 x 5 6 7 8", "cpu 1 2 3 -4 5 6 7 8", "cpu 1 2 3 4 5 6 7 576460752303423489"} {
 		_, err := parseStat(line)
 		require.Error(t, err, "%q", line)
 	}
@@ -48,6 +48,8 @@ func FuzzParseStat(f *testing.F) {
 		m, err := parseStat(line)
 		if err == nil {
 			require.False(t, m.Busy < 0 || m.Idle < 0 || m.Steal < 0, "negative counters from %q", line)
+			share := m.Sub(Machine{}).StealShare()
+			require.True(t, share >= 0 && share <= 1, "share %v from %q", share, line)
 		}
 	})
 }

@@ -385,6 +385,26 @@ func (w *Window) Await(sent int64) {
 	}
 }
 
+// AwaitFor is Await for transports that may lose messages: it returns
+// false once nothing has arrived for quiet while the window is full (what
+// it counts as in flight was lost), so the benchmark can stop and report
+// the loss instead of waiting for good.
+func (w *Window) AwaitFor(sent int64, quiet time.Duration) bool {
+	last, since := w.n.Load(), time.Now()
+	for sent-w.n.Load() > w.Size {
+		if n := w.n.Load(); n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= quiet {
+			return false
+		}
+		select {
+		case <-w.wake:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return true
+}
+
 // Settle waits until Received reaches want or stops growing for quiet, and
 // returns it (for benchmarks over lossy transports).
 func (w *Window) Settle(want int64, quiet time.Duration) int64 {
