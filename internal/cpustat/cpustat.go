@@ -66,7 +66,10 @@ func (m Machine) Sub(before Machine) Machine {
 // took (0 when m holds none): above a few percent, other guests compete
 // for the cores and speed figures are not a quiet machine's.
 func (m Machine) StealShare() float64 {
-	total := m.Busy + m.Idle + m.Steal
+	// A counter that went backwards (a host that resets /proc/stat, two
+	// samples taken the wrong way round) counts as none, so the share
+	// stays within 0..1.
+	total := max(m.Busy, 0) + max(m.Idle, 0) + m.Steal
 	if total <= 0 || m.Steal <= 0 {
 		return 0
 	}

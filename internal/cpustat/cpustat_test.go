@@ -14,6 +14,8 @@ func TestParseStat(t *testing.T) {
 	d := m.Sub(Machine{Busy: m.Busy - 300, Idle: m.Idle - 100, Steal: m.Steal - 100})
 	require.InDelta(t, 0.2, d.StealShare(), 1e-9)
 	require.Zero(t, Machine{}.StealShare())
+	// Busy went backwards: the share is still a share.
+	require.InDelta(t, 1.0, Machine{Busy: -40, Steal: 50}.StealShare(), 1e-9)
 	// A counter near the bound: the sums stay exact.
 	big, err := parseStat("cpu 576460752303423488 576460752303423488 576460752303423488 1 0 576460752303423488 576460752303423488 1")
 	require.NoError(t, err)

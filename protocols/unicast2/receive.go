@@ -77,6 +77,9 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 		if !h.First {
 			ask := u.mayAskFirst(src, time.Now())
 			u.mu.Unlock()
+			if u.trace != nil {
+				u.trace("unicast2: data dropped: not the first of an open connection", "from", src, "conn", h.ConnID, "seqno", h.Seqno, "ask_first", ask)
+			}
 			u.st.firstDropped.Add(1)
 			if ask {
 				u.askFirst(src)
@@ -116,8 +119,13 @@ func (u *UNICAST2) handleData(m *stack.Message, h *Header) bool {
 		u.st.impossible.Add(1)
 		return false
 	case window.Duplicate:
+		e.dup = true // answered with a STABLE by the xmit task
+		hd := e.w.HighestDelivered()
 		u.mu.Unlock()
 		u.st.duplicates.Add(1)
+		if u.trace != nil {
+			u.trace("unicast2: duplicate", "from", src, "conn", h.ConnID, "seqno", h.Seqno, "delivered", hd)
+		}
 		return false
 	case window.Full:
 		// Full (a sender beyond its credits, or a long gap): dropped and

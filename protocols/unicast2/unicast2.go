@@ -15,6 +15,7 @@ package unicast2
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -103,6 +104,9 @@ type UNICAST2 struct {
 	clock atomic.Uint32 // this member's timestamps, as a receiver
 
 	fixOff bool // tests only: behave like JGroups' UNICAST2 (no tombstones, no timestamps, no final STABLE)
+	// trace, when set (debug logging on), is told of resends and of data
+	// that no connection takes: what a lost message's story needs.
+	trace func(msg string, args ...any)
 
 	st stats
 }
@@ -170,6 +174,12 @@ type recvEntry struct {
 	sameStable int
 	used       time.Time // as sendEntry's
 	busy       bool
+	// dup: a message came again that this connection has already. Its
+	// sender resends only what it has no STABLE for, so every STABLE for
+	// it was lost (the repeats end after max_stable_msgs): the xmit task
+	// answers with a STABLE, or the sender would resend its first message
+	// for ever and never the ones after it.
+	dup bool
 }
 
 // stableSeqnos returns the highest delivered and received seqnos, as a
@@ -202,6 +212,9 @@ func (u *UNICAST2) Name() string { return "UNICAST2" }
 // Init validates the config.
 func (u *UNICAST2) Init() error {
 	u.nextConn = uint16(u.Rand().Uint64()) // connection ids differ across instances
+	if u.Log().Enabled(context.Background(), slog.LevelDebug) {
+		u.trace = u.Log().Debug
+	}
 	return u.cfg.Validate()
 }
 
@@ -333,6 +346,9 @@ func (u *UNICAST2) handleStable(src stack.Address, h *Header) {
 			resend = append(resend, e.msgs[s-e.low])
 		}
 	}
+	if u.trace != nil && len(resend) > 0 {
+		u.trace("unicast2: resending above a STABLE", "to", src, "conn", e.connID, "hd", h.HD, "hr", h.HR, "msgs", len(resend))
+	}
 	e.stableNext, e.stableAt = e.next, now
 	u.mu.Unlock()
 	for _, m := range resend {
@@ -397,7 +413,7 @@ func (u *UNICAST2) handleXmitReq(src stack.Address, h *Header) {
 // stableHeader builds a STABLE for e and resets its byte count; callers
 // hold u.mu.
 func (u *UNICAST2) stableHeader(e *recvEntry) *Header {
-	e.bytes = 0
+	e.bytes, e.dup = 0, false
 	hd, hr := e.stableSeqnos()
 	if hd == e.lastHD && hr == e.lastHR {
 		e.sameStable++
@@ -453,13 +469,14 @@ func (u *UNICAST2) xmitTask() {
 		if e.busy {
 			e.used, e.busy = now, false
 		}
-		if e.w.HighestDelivered() > e.lastHD {
+		if e.w.HighestDelivered() > e.lastHD || e.dup {
 			// Delivered more since the last STABLE: say so now rather
 			// than at the next stable_interval. The sender then learns
 			// soon that its last message arrived, and resends a lost one
 			// after xmit_interval instead of a backoff grown to seconds
 			// (a request/response exchange, such as a state transfer,
 			// otherwise waits seconds for each lost last message).
+			// Or a duplicate came (see recvEntry.dup): also now.
 			stables = append(stables, req{src, u.stableHeader(e)})
 		}
 		if e.w.Gap() && !e.w.Due(now, u.cfg.firstXmit(), u.cfg.XmitInterval) {
@@ -495,6 +512,9 @@ func (u *UNICAST2) xmitTask() {
 				resend = append(resend, e.msgs[len(e.msgs)-1])
 			} else {
 				resend = append(resend, u.asFirst(e.msgs[0]))
+			}
+			if u.trace != nil {
+				u.trace("unicast2: no STABLE for a while, resending", "to", dest, "conn", e.connID, "low", e.low, "next", e.next, "acked", e.acked, "backoff", e.backoff)
 			}
 		}
 	}

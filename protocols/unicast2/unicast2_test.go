@@ -257,6 +257,50 @@ func TestLostFirstAndLastMessagesAreRecovered(t *testing.T) {
 	})
 }
 
+// TestAResentFirstMessageIsAnsweredAfterEveryStableWasLost: A's first two
+// messages are lost on their way to B; A resends the first (it has no
+// STABLE yet, so it resends the first as the first), B opens the
+// connection with it, and every STABLE B sends for it is lost: the one
+// at once and the max_stable_msgs repeats, after which B sends no more.
+// A goes on resending the first message, which B already has; B must
+// answer such a duplicate with a STABLE, or A never learns that its first
+// message arrived, never resends the second, and B never delivers it
+// (scenario E of the chaos suite, seed 9: a GROUPFC JOIN held up four
+// hours, until the next message of the same connection showed the gap).
+// Virtual time.
+func TestAResentFirstMessageIsAnsweredAfterEveryStableWasLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		p := newPair(t, 1, cfg, false, nil)
+		var mu sync.Mutex
+		lost := map[uint64]bool{}
+		p.d[1].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			mu.Lock()
+			defer mu.Unlock()
+			if h == nil || h.Type != 0 || lost[h.Seqno] {
+				return false
+			}
+			lost[h.Seqno] = true // the first transmission of each
+			return true
+		})
+		loseStables := new(atomic.Bool)
+		loseStables.Store(true)
+		p.d[0].DropUpIf(func(m *stack.Message) bool {
+			h := hdr(m)
+			return loseStables.Load() && h != nil && h.Type == unicast2.TypeStable
+		})
+		p.sendRange(t, 0, 1)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 1 }, "the first message, resent, opened the connection")
+		stacktest.WaitFor(t, time.Minute, func() bool {
+			return stacktest.Stat(t, p.u[1], "stables_sent") >= int64(1+cfg.MaxStableMsgs)
+		}, "B sent its STABLE and the repeats")
+		loseStables.Store(false)
+		stacktest.WaitFor(t, time.Minute, func() bool { return len(p.recvFrom()) == 2 }, "the second message, resent once A knew the first arrived")
+		require.Equal(t, []int{0, 1}, p.recvFrom())
+	})
+}
+
 func containsU(s []uint64, v uint64) bool {
 	for _, x := range s {
 		if x == v {
