@@ -104,8 +104,8 @@ type UNICAST2 struct {
 	clock atomic.Uint32 // this member's timestamps, as a receiver
 
 	fixOff bool // tests only: behave like JGroups' UNICAST2 (no tombstones, no timestamps, no final STABLE)
-	// trace, when set (debug logging on), is told of resends and of data
-	// that no connection takes: what a lost message's story needs.
+	// trace, when set (debug logging on), is told of resends, duplicates
+	// and data that no connection takes: what a lost message's story needs.
 	trace func(msg string, args ...any)
 
 	st stats
