@@ -110,6 +110,10 @@ type Message = stack.Message
 // NewMessage returns a message with payload for dest (zero: the group).
 func NewMessage(dest Address, payload []byte) *Message { return stack.NewMessage(dest, payload) }
 
+// Slab makes payloads and messages for a goroutine that sends many small
+// ones, a block at a time instead of one allocation each.
+type Slab = stack.Slab
+
 // Flags change how the stack carries a message (Message.Set).
 type Flags = stack.Flags
 

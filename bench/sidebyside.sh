@@ -62,6 +62,14 @@ scale=${SCALE:-1}
 # doubles, GOGC and GOMEMLIMIT from the environment dropped), which is what
 # an embedder gets without tuning.
 heap=${STRATA_HEAP:-1GiB}
+# The senders' payloads and messages: STRATA_ALLOC=slab (the default)
+# carves them from a stack.Slab, 64 KB of payloads and 64 messages an
+# allocation; STRATA_ALLOC=each makes each one on its own, as the JGroups
+# drivers do (new byte[] and a new message per message). A JVM allocates
+# those for a few nanoseconds; Go's make of 1000 bytes cost strata's
+# mc2x1-join sender about 0.3 us of its 1.9 us per message (session 29), so
+# each language's driver makes them the way that language's senders would.
+alloc=${STRATA_ALLOC:-slab}
 gogc=${STRATA_GOGC:-200}
 if [ "$heap" = go ]; then
   genv=(env -u GOGC -u GOMEMLIMIT) heapdesc="Go's default GC pacing (GOGC=100), untuned"
@@ -145,6 +153,11 @@ flags() {
   esac
 }
 
+# strata_flags SHAPE: the flags both sides get, and strata's -alloc.
+strata_flags() {
+  echo "$(flags "$1") -alloc $alloc"
+}
+
 # strata_metric SHAPE FILE...: "figure seconds retransmissions" from perf's
 # JSON output (retransmissions: NAKACK's and UNICAST2's, every member).
 strata_metric() {
@@ -194,7 +207,7 @@ PY
 
 run_strata() {
   local shape=$1 out=$2 f
-  f=$(flags "$shape")
+  f=$(strata_flags "$shape")
   if [ "$shape" = mc2x1-join ]; then
     local port addr
     port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -241,7 +254,7 @@ ratio() { python3 -c "import sys; s, j = sys.argv[1], sys.argv[2]; print('%.2f' 
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then rev="$rev+dirty"; fi
 echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, strata $rev, stack $stack, on $(nproc) cores, $(uname -sr); load at start $load0, steal $steal0 in 5 s of busy loops before"
-echo "# strata's heap: $heapdesc"
+echo "# strata's heap: $heapdesc; its senders' payloads and messages: -alloc $alloc"
 for m in "${missing[@]}"; do echo "# WARNING: not installed, left out: $m"; done
 echo "# $runs interleaved runs per shape; each run: a warm-up round, then the measured round (counts x$scale); msgs/s received"
 [ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"

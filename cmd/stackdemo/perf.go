@@ -49,6 +49,7 @@ type perfOptions struct {
 	traceFile string // -trace FILE: the measured round's last second as an execution trace
 	diag      string // -diag host:port: member i serves its diagnostics on port+i
 	warmup    int    // -warmup N: an uncounted first round of N messages (calls) per sender
+	alloc     string // -alloc slab|each: how a sender makes its payloads and messages
 }
 
 // Message kinds in the first byte of a perf payload.
@@ -306,6 +307,7 @@ type perfResult struct {
 	Size      int            `json:"size"`
 	Count     int            `json:"count"`
 	Warmup    int            `json:"warmup"`
+	Alloc     string         `json:"alloc"` // -alloc: how the senders made payloads and messages
 	Seconds   float64        `json:"seconds"`
 	PerMember []memberResult `json:"per_member"`
 	TotalMsgs int64          `json:"total_msgs_received"`
@@ -360,6 +362,7 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.mutexProf, "mutexprofile", "", "write a profile of lock contention during the run (every contended Unlock) to FILE")
 	fl.StringVar(&o.traceFile, "trace", "", "write an execution trace of the measured round's last second to FILE (go tool trace FILE; go tool trace -pprof=sched FILE: where goroutines waited to run)")
 	fl.IntVar(&o.warmup, "warmup", 0, "an uncounted first round of N messages (calls) per sender before the measured one, as bench/jgroups5's driver has (0: none)")
+	fl.StringVar(&o.alloc, "alloc", "slab", "how a sender makes payloads and messages: slab (carved from a stack.Slab, as a Go sender that cares does) | each (one make per message, as bench/jgroups5's driver allocates a byte[] and a message each)")
 	fl.StringVar(&o.diag, "diag", "", "serve diagnostics (metrics, /debug/strata, pprof) on host:port, member i on port+i (port 0: free ports), for stackdemo probe")
 	if err := fl.Parse(args); err != nil {
 		return exitConfig
@@ -379,6 +382,9 @@ func cmdPerf(args []string, stdout, stderr io.Writer) int {
 		return exitConfig
 	case !slices.Contains([]string{"multicast", "unicast", "anycast", "rpc"}, o.mode):
 		fmt.Fprintf(stderr, "stackdemo perf: unknown -mode %q (multicast, unicast, anycast or rpc)\n", o.mode)
+		return exitConfig
+	case o.alloc != "slab" && o.alloc != "each":
+		fmt.Fprintf(stderr, "stackdemo perf: unknown -alloc %q (slab or each)\n", o.alloc)
 		return exitConfig
 	}
 	if o.senders <= 0 || o.senders > o.members {
@@ -580,7 +586,7 @@ func runPerf(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	start := time.Now()
 	lat, sendErr := drive(ctx, o, ms, stderr, progress, kindData, o.count)
 	el := time.Since(start)
-	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
+	res := &perfResult{Config: name, Mode: o.mode, Members: o.members, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Alloc: o.alloc, Seconds: el.Seconds(), Latency: lat, Stats: map[string]int64{}}
 	if err := round.finish(res, o.senders*o.count); err != nil {
 		return nil, err
 	}
@@ -829,8 +835,9 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 	me := ms[i]
 	ts := targets(o, ms, i)
 	gfc, _ := groupfc.Of(me.ch) // nil without GROUPFC: the modes that need it were refused above
+	a := newPerfAlloc(o)
 	for s := range n {
-		buf := perfPayload(o.size, kind, i, uint64(s))
+		buf := a.payload(kind, i, uint64(s))
 		switch o.mode {
 		case "rpc":
 			to := ms[(i+1+rand.IntN(len(ms)-1))%len(ms)].ch.Address()
@@ -856,7 +863,7 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 			if o.mode == "unicast" {
 				dest = ts[0].ch.Address()
 			}
-			m := stack.NewMessage(dest, buf)
+			m := a.message(dest, buf)
 			if o.oob {
 				m.Set(stack.OOB)
 			}
@@ -869,17 +876,53 @@ func sendAll(ctx context.Context, o perfOptions, ms []*perfMember, i int, kind b
 	return nil
 }
 
-// perfPayload returns a new payload of size bytes that starts with the
-// kind, the sender's index and the sequence number. A new array per
-// message, written only where the header is, as the JGroups driver
-// allocates one: a message's payload is the stack's once sent (NAKACK keeps
-// it for retransmission).
-func perfPayload(size int, kind byte, sender int, s uint64) []byte {
-	b := make([]byte, size)
+// perfAlloc makes one sending goroutine's payloads and messages. A
+// message and its payload are the stack's once sent (NAKACK keeps them for
+// retransmission), so neither is reused: -alloc each makes both anew per
+// message, as bench/jgroups5's driver allocates a byte[] and a message
+// each; -alloc slab (the default) carves them from a stack.Slab, which a
+// Go sender of many small messages would use, as a JVM's allocator makes
+// the per-message allocation cheap there and Go's does not.
+type perfAlloc struct {
+	size int
+	slab *stack.Slab // nil: -alloc each
+}
+
+func newPerfAlloc(o perfOptions) perfAlloc {
+	a := perfAlloc{size: o.size}
+	if o.alloc != "each" {
+		a.slab = new(stack.Slab)
+	}
+	return a
+}
+
+// payload returns a new payload of size bytes that starts with the kind,
+// the sender's index and the sequence number, written only there.
+func (a perfAlloc) payload(kind byte, sender int, s uint64) []byte {
+	var b []byte
+	if a.slab != nil {
+		b = a.slab.Bytes(a.size)
+	} else {
+		b = make([]byte, a.size)
+	}
+	putPerfHeader(b, kind, sender, s)
+	return b
+}
+
+// message returns a new message of buf for dest.
+func (a perfAlloc) message(dest stack.Address, buf []byte) *stack.Message {
+	if a.slab != nil {
+		return a.slab.NewMessage(dest, buf)
+	}
+	return stack.NewMessage(dest, buf)
+}
+
+// putPerfHeader writes the kind, the sender's index and the sequence
+// number at the start of b.
+func putPerfHeader(b []byte, kind byte, sender int, s uint64) {
 	b[0] = kind
 	binary.BigEndian.PutUint32(b[1:], uint32(sender))
 	binary.BigEndian.PutUint64(b[5:], s)
-	return b
 }
 
 // checkCounts says what was lost or duplicated.
@@ -936,7 +979,7 @@ func printPerf(w io.Writer, r *perfResult) {
 	if r.Warmup > 0 {
 		warm = fmt.Sprintf(" (after a warm-up of %d)", r.Warmup)
 	}
-	fmt.Fprintf(w, "%s: %s, %d members, %d senders × %d %s of %d bytes%s, %.2fs\n", r.Config, r.Mode, r.Members, r.Senders, r.Count, what, r.Size, warm, r.Seconds)
+	fmt.Fprintf(w, "%s: %s, %d members, %d senders × %d %s of %d bytes%s, %.2fs (payloads: -alloc %s)\n", r.Config, r.Mode, r.Members, r.Senders, r.Count, what, r.Size, warm, r.Seconds, r.Alloc)
 	if r.Mode == "rpc" {
 		// Requests and answers go to the dispatcher, not counted as
 		// messages: calls are what was measured.

@@ -44,6 +44,21 @@ func TestPerfDefaultRunsWithoutLoss(t *testing.T) {
 	}
 }
 
+// TestPerfAllocEachAndSlabDeliverTheSame: a payload per make and payloads
+// carved from a stack.Slab (the default) both arrive whole and in order;
+// the JSON says which was used.
+func TestPerfAllocEachAndSlabDeliverTheSame(t *testing.T) {
+	for _, alloc := range []string{"each", "slab"} {
+		code, out, errOut := runCmd("perf", "-members", "2", "-alloc", alloc, "-count", "3000", "-json")
+		require.Equal(t, 0, code, errOut)
+		var r perfResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+		require.Empty(t, r.Errors)
+		require.Equal(t, alloc, r.Alloc)
+		require.EqualValues(t, 2*2*3000, r.TotalMsgs)
+	}
+}
+
 func TestPerfAnycastNeedsGroupFCAndRunsWithIt(t *testing.T) {
 	code, _, errOut := runCmd("perf", "-members", "3", "-mode", "anycast", "-count", "100")
 	require.Equal(t, exitFail, code)
@@ -65,7 +80,7 @@ func TestPerfFailsLoudlyOnLoss(t *testing.T) {
 }
 
 func TestPerfRejectsBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-members", "1"}, {"-mode", "gossip"}, {"-size", "3"}, {"-count", "0"}} {
+	for _, args := range [][]string{{"-members", "1"}, {"-mode", "gossip"}, {"-size", "3"}, {"-count", "0"}, {"-alloc", "pool"}} {
 		code, _, errOut := runCmd(append([]string{"perf"}, args...)...)
 		require.Equal(t, exitConfig, code, "%v: %s", args, errOut)
 	}

@@ -151,7 +151,7 @@ func runJoin(o perfOptions, stderr io.Writer) (*perfResult, error) {
 	}
 	waitJoined(ctx, pm, from, kindData, o.count)
 	el := time.Since(t0)
-	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Seconds: el.Seconds(), Stats: map[string]int64{}}
+	res := &perfResult{Config: file, Mode: o.mode, Members: n, Senders: o.senders, Size: o.size, Count: o.count, Warmup: o.warmup, Alloc: o.alloc, Seconds: el.Seconds(), Stats: map[string]int64{}}
 	if err := round.finish(res, o.senders*o.count); err != nil {
 		return nil, err
 	}
@@ -231,8 +231,9 @@ func waitDone(ctx context.Context, pm *perfMember, n int, round uint64) bool {
 // paced by the stack's flow control only; lats (nil: not kept) gets the
 // calls' latencies.
 func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []stack.Address, dests []int, kind byte, n int, lats *[]time.Duration) error {
+	a := newPerfAlloc(o)
 	for s := range n {
-		buf := perfPayload(o.size, kind, pm.idx, uint64(s))
+		buf := a.payload(kind, pm.idx, uint64(s))
 		if o.mode == "rpc" {
 			to := members[(pm.idx+1+rand.IntN(len(members)-1))%len(members)]
 			t0 := time.Now()
@@ -248,7 +249,7 @@ func sendJoined(ctx context.Context, o perfOptions, pm *perfMember, members []st
 		if o.mode == "unicast" {
 			dest = members[dests[0]]
 		}
-		m := stack.NewMessage(dest, buf)
+		m := a.message(dest, buf)
 		if o.oob {
 			m.Set(stack.OOB)
 		}
