@@ -10,11 +10,12 @@ const (
 
 // A Slab makes payloads and messages for a goroutine that sends many small
 // ones: it carves them from blocks (64 KB of bytes, 64 messages) instead of
-// allocating each, which in Go costs more than the stack's whole send path
-// for a 1 KB message once the collector's sweeping is counted. A block stays
-// in memory while anything carved from it is referenced, so a Slab suits
-// messages that are sent and let go, not ones an application keeps.
-// The zero value is ready; not safe for concurrent use (one per goroutine).
+// allocating each, which in Go costs about as much as the stack's whole
+// send path for a 1 KB message once the collector's sweeping is counted.
+// A block stays in memory while anything carved from it is referenced, so
+// a Slab suits messages that are sent and let go, not ones an application
+// keeps. The zero value is ready; not safe for concurrent use (one per
+// goroutine).
 type Slab struct {
 	bytes []byte
 	msgs  []Message
