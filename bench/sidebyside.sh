@@ -158,8 +158,10 @@ strata_flags() {
   echo "$(flags "$1") -alloc $alloc"
 }
 
-# strata_metric SHAPE FILE...: "figure seconds retransmissions" from perf's
-# JSON output (retransmissions: NAKACK's and UNICAST2's, every member).
+# strata_metric SHAPE FILE...: "figure seconds retransmissions gc" from
+# perf's JSON output (retransmissions: NAKACK's and UNICAST2's, every
+# member; gc: the collector's share of the busy CPU, the largest of the
+# processes').
 strata_metric() {
   local shape=$1; shift
   python3 - "$shape" "$@" <<'PY'
@@ -170,7 +172,7 @@ for f in files:
     try:
         rs.append(json.load(open(f)))
     except (OSError, ValueError):
-        print("0 0 0"); sys.exit()
+        print("0 0 0 -"); sys.exit()
 if any(r.get("errors") for r in rs):
     fig = 0
 elif shape == "mc4x4":
@@ -182,7 +184,8 @@ else:
     fig = int(sum(m["msgs_per_sec"] for m in ms) / len(ms))
 secs = min(r["seconds"] for r in rs)
 xmits = sum(v for r in rs for k, v in r.get("stats", {}).items() if k.endswith(".retransmissions"))
-print(fig, "%.1f" % secs, xmits)
+gc = max(r.get("gc", {}).get("cpu_share", 0) for r in rs)
+print(fig, "%.1f" % secs, xmits, "%.0f%%" % (100 * gc))
 PY
 }
 
@@ -260,17 +263,17 @@ echo "# $runs interleaved runs per shape; each run: a warm-up round, then the me
 [ "$scale" = 1 ] || echo "# SCALE=$scale: shortened runs, for a check of the script only: not steady-state figures"
 printf '%-11s %10s' shape strata
 for impl in $impls; do printf ' %10s %6s' "jg$impl" ratio; done
-printf '   %s\n' "strata runs (s, retransmissions, steal) | jgroups runs (s, steal) ..."
+printf '   %s\n' "strata runs (s, retransmissions, gc share, steal) | jgroups runs (s, steal) ..."
 for shape in $shapes; do
   s=() sd=()
   declare -A j=() jd=()
   for i in $(seq 1 "$runs"); do
     a=$(snap)
-    read -r fig secs xm < <(run_strata "$shape" "$tmp/s-$shape-$i")
+    read -r fig secs xm gc < <(run_strata "$shape" "$tmp/s-$shape-$i")
     st=$(steal_pct "$a" "$(snap)")
     s+=("$fig")
     short=; python3 -c "import sys; sys.exit(0 if float('$secs') < 5 else 1)" && short=" short"
-    sd+=("$fig (${secs}s, $xm, $st$short)")
+    sd+=("$fig (${secs}s, $xm, gc $gc, $st$short)")
     for impl in $impls; do
       a=$(snap)
       read -r fig secs < <(run_jgroups "$impl" "$shape" "$tmp/j$impl-$shape-$i")

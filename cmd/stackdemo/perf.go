@@ -325,9 +325,12 @@ type perfResult struct {
 	// StealShare is the share of the machine's CPU time the host gave to
 	// others during the round (Linux; absent elsewhere): above a few
 	// percent the figures are not a quiet machine's.
-	StealShare *float64         `json:"steal_share,omitempty"`
-	Stats      map[string]int64 `json:"stats"`
-	Errors     []string         `json:"errors,omitempty"`
+	StealShare *float64 `json:"steal_share,omitempty"`
+	// GC is what the Go collector did during the round, and how it was
+	// paced: in a steady send loop it is much of the CPU per message.
+	GC     gcCost           `json:"gc"`
+	Stats  map[string]int64 `json:"stats"`
+	Errors []string         `json:"errors,omitempty"`
 }
 
 type memberResult struct {
@@ -628,6 +631,7 @@ type roundMeter struct {
 	mach      cpustat.Machine
 	machErr   error
 	cpu       time.Duration
+	gc        gcSample
 	fr        *trace.FlightRecorder
 	traceFile string
 }
@@ -642,6 +646,7 @@ func startRound(o perfOptions) (*roundMeter, error) {
 		}
 	}
 	r.mach, r.machErr = cpustat.ReadMachine()
+	r.gc = readGC()
 	r.cpu = cpustat.Process()
 	return r, nil
 }
@@ -650,6 +655,7 @@ func startRound(o perfOptions) (*roundMeter, error) {
 // (or calls) from every sender, and writes the trace of -trace.
 func (r *roundMeter) finish(res *perfResult, sent int) error {
 	cpu := cpustat.Process() - r.cpu
+	res.GC = readGC().since(r.gc)
 	res.CPUSeconds = cpu.Seconds()
 	if sent > 0 {
 		res.CPUMicrosPerMsg = float64(cpu.Microseconds()) / float64(sent)
@@ -1001,6 +1007,7 @@ func printPerf(w io.Writer, r *perfResult) {
 		steal = fmt.Sprintf("; the host took %.0f%% of the machine's CPU time", 100**r.StealShare)
 	}
 	fmt.Fprintf(w, "  cpu: %.2fs in this process, %.2f µs per %s sent%s\n", r.CPUSeconds, r.CPUMicrosPerMsg, strings.TrimSuffix(what, "s"), steal)
+	fmt.Fprintf(w, "  gc: %s\n", r.GC)
 	keys := make([]string, 0, len(r.Stats))
 	for k := range r.Stats {
 		keys = append(keys, k)

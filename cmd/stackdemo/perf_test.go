@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"testing"
 
@@ -264,4 +267,32 @@ func TestPerfReportsItsCPUAndTheHostsShare(t *testing.T) {
 	code, out, errOut = runCmd("perf", "-members", "2", "-count", "500")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `cpu: [0-9.]+s in this process, [0-9.]+ µs per message sent`, out)
+}
+
+// TestPerfReportsTheCollector: a run says how many collections its round
+// took, what CPU they cost and under which GOGC and GOMEMLIMIT, so that a
+// figure carries the setting it was made under.
+func TestPerfReportsTheCollector(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(1))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(768 << 20))
+	code, out, errOut := runCmd("perf", "-members", "2", "-count", "3000", "-json")
+	require.Equal(t, 0, code, errOut)
+	var r perfResult
+	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+	require.Equal(t, "1", r.GC.GOGC)
+	require.Equal(t, int64(768<<20), r.GC.Limit)
+	// GOGC=1 collects each time the heap grows by 1%: a round that makes
+	// 6000 messages of 1000 bytes takes many collections.
+	require.Greater(t, r.GC.Cycles, uint64(1))
+	require.Positive(t, r.GC.CPUSeconds)
+	require.True(t, r.GC.CPUShare > 0 && r.GC.CPUShare <= 1, "a share: %v", r.GC.CPUShare)
+
+	// With the collector off, the round has no cycles, whatever the
+	// process had before it.
+	runtime.GC()
+	debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(math.MaxInt64)
+	code, out, errOut = runCmd("perf", "-members", "2", "-count", "500")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `gc: 0 cycles, 0\.00s of CPU \(0%\); GOGC=off\n`, out, "the round's cycles only; no limit, none printed")
 }
